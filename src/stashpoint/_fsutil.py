@@ -1,0 +1,46 @@
+"""The write protocol of SPEC §5: temp file in the same directory, fsync, replace, fsync dir."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+__all__ = ["TMP_MARK", "atomic_write", "fsync_dir"]
+
+TMP_MARK = ".stashpoint-tmp-"
+"""Every temporary file stashpoint creates has this in its name, so leftovers can be found."""
+
+
+def fsync_dir(path: str | os.PathLike[str]) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def atomic_write(path: Path, data: bytes, *, mode: int = 0o600, durable: bool = True) -> None:
+    """Write ``data`` to ``path`` so that a crash leaves either the old file or the new one.
+
+    A failed fsync raises: it is never retried into a false success.
+    """
+    tmp = path.parent / f"{TMP_MARK}{path.name}.{os.getpid()}"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
+    try:
+        view = memoryview(data)
+        while view:
+            n = os.write(fd, view)
+            view = view[n:]
+        if durable:
+            os.fsync(fd)
+    except BaseException:
+        os.close(fd)
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+    os.close(fd)
+    os.replace(tmp, path)
+    if durable:
+        fsync_dir(path.parent)

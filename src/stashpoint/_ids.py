@@ -1,0 +1,49 @@
+"""Time-sortable identifiers (ULID layout: 48-bit milliseconds + 80 random bits, Crockford base32).
+
+Ids sort by creation time as plain strings, so listing newest-first needs no extra column, and
+ids made within the same millisecond by one process stay ordered (the random part is incremented).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import threading
+import time
+
+_ALPHABET = "0123456789ABCDEFGHJKMNPQRSTVWXYZ"
+_ID_RE = re.compile(r"[0-9A-HJKMNP-TV-Z]{26}")
+_lock = threading.Lock()
+_last_ms = -1
+_last_rand = 0
+
+
+def new_id() -> str:
+    """A new 26-character id, strictly increasing within this process."""
+    global _last_ms, _last_rand
+    with _lock:
+        ms = time.time_ns() // 1_000_000
+        if ms <= _last_ms:
+            ms = _last_ms
+            rand = _last_rand + 1
+        else:
+            rand = int.from_bytes(os.urandom(10), "big")
+        _last_ms, _last_rand = ms, rand
+    value = (ms << 80) | (rand & ((1 << 80) - 1))
+    chars = []
+    for _ in range(26):
+        chars.append(_ALPHABET[value & 31])
+        value >>= 5
+    return "".join(reversed(chars))
+
+
+def is_id(text: str) -> bool:
+    return _ID_RE.fullmatch(text) is not None
+
+
+def id_time_ms(ident: str) -> int:
+    """Milliseconds since the epoch encoded in an id."""
+    value = 0
+    for ch in ident[:10]:
+        value = value * 32 + _ALPHABET.index(ch)
+    return value

@@ -1,0 +1,230 @@
+"""Blob encoding and placement: compression, chunking, verification on every read.
+
+A blob is named by the SHA-256 of its *uncompressed* content, so dedup works across codecs and a
+read can always be verified. Files larger than ``CHUNK_SIZE`` are stored as fixed-size chunks
+plus a chunk list named by the whole file's digest: a small edit to a big file stores one chunk,
+and a file of any size is streamed, never loaded whole.
+
+Where blobs live: chunks go to the local blob directory when there is one; everything else
+(file contents up to one chunk, trees, state values) is packed into the metadata database.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from collections.abc import Iterable, Iterator
+from enum import IntEnum
+
+import zstandard
+
+from ..errors import IntegrityError, NotFoundError
+from ..stores.base import BlobRow, MetadataStore
+from .local import LocalBlobStore
+
+__all__ = ["CHUNK_SIZE", "BlobCodec", "BlobWriter", "Blobs"]
+
+CHUNK_SIZE = 1 << 20
+_FLUSH_BYTES = 8 << 20
+_MIN_SAVING = 0.9  # store raw unless zstd saves at least 10 %
+
+
+class BlobCodec(IntEnum):
+    RAW = 0
+    ZSTD = 1
+    CHUNKS = 2
+    """Data is the concatenation of 32-byte chunk digests; content is their concatenation."""
+
+
+class Blobs:
+    def __init__(self, meta: MetadataStore, local: LocalBlobStore | None, level: int = 3) -> None:
+        self.meta = meta
+        self.local = local
+        self._level = level
+        self._cctx = zstandard.ZstdCompressor(level=level)
+        self._dctx = zstandard.ZstdDecompressor()
+
+    # -- encoding -------------------------------------------------------------------------
+    def encode(self, digest: bytes, data: bytes) -> BlobRow:
+        if len(data) >= 64:
+            packed = self._cctx.compress(data)
+            if len(packed) < len(data) * _MIN_SAVING:
+                return BlobRow(digest, BlobCodec.ZSTD, len(data), packed)
+        return BlobRow(digest, BlobCodec.RAW, len(data), data)
+
+    def _decode(self, digest: bytes, codec: int, size: int, data: bytes) -> bytes:
+        if codec == BlobCodec.RAW:
+            out = data
+        elif codec == BlobCodec.ZSTD:
+            try:
+                out = self._dctx.decompress(data, max_output_size=size)
+            except zstandard.ZstdError as exc:
+                raise IntegrityError(f"blob {digest.hex()} is corrupt: {exc}") from exc
+        else:
+            raise IntegrityError(f"blob {digest.hex()} has unknown codec {codec}")
+        if len(out) != size or hashlib.sha256(out).digest() != digest:
+            raise IntegrityError(f"blob {digest.hex()} is corrupt: content does not match digest")
+        return out
+
+    # -- reading --------------------------------------------------------------------------
+    def _fetch(self, digest: bytes) -> tuple[int, int, bytes]:
+        row = self.meta.get_blob(digest)
+        if row is not None:
+            return row.codec, row.size, row.data
+        if self.local is not None:
+            found = self.local.get(digest)
+            if found is not None:
+                return found
+        raise NotFoundError(f"blob {digest.hex()} is missing from the store")
+
+    def iter_content(self, digest: bytes) -> Iterator[bytes]:
+        """Yield the verified content of a blob, chunk by chunk."""
+        codec, size, data = self._fetch(digest)
+        if codec != BlobCodec.CHUNKS:
+            yield self._decode(digest, codec, size, data)
+            return
+        if len(data) % 32:
+            raise IntegrityError(f"blob {digest.hex()} is corrupt: bad chunk list")
+        whole = hashlib.sha256()
+        total = 0
+        for i in range(0, len(data), 32):
+            part = self.read(data[i : i + 32])
+            whole.update(part)
+            total += len(part)
+            yield part
+        if total != size or whole.digest() != digest:
+            raise IntegrityError(f"blob {digest.hex()} is corrupt: chunks do not match digest")
+
+    def read(self, digest: bytes) -> bytes:
+        return b"".join(self.iter_content(digest))
+
+    def chunk_list(self, digest: bytes) -> list[bytes]:
+        """The chunk digests of a chunked blob ([] for a plain one)."""
+        codec, _size, data = self._fetch(digest)
+        if codec != BlobCodec.CHUNKS:
+            return []
+        return [data[i : i + 32] for i in range(0, len(data), 32)]
+
+    def has(self, digests: Iterable[bytes]) -> set[bytes]:
+        wanted = set(digests)
+        found = self.meta.has_blobs(wanted)
+        if self.local is not None:
+            found.update(d for d in wanted - found if self.local.has(d))
+        return found
+
+    def writer(self) -> BlobWriter:
+        return BlobWriter(self)
+
+
+class BlobWriter:
+    """Batches small blobs into few transactions; streams large files as chunks.
+
+    Commit order (SPEC §5): everything written here is durable before :meth:`flush` returns,
+    and the checkpoint that references it is committed only after that.
+    """
+
+    def __init__(self, blobs: Blobs) -> None:
+        self.blobs = blobs
+        self._pending: list[BlobRow] = []
+        self._pending_bytes = 0
+        self._seen: set[bytes] = set()
+        self.stored_bytes = 0
+
+    def add(self, data: bytes, digest: bytes | None = None, *, known: bool = False) -> bytes:
+        """Queue a small blob; returns its digest. ``known`` skips the existence check."""
+        if digest is None:
+            digest = hashlib.sha256(data).digest()
+        if digest in self._seen or known:
+            return digest
+        self._seen.add(digest)
+        row = self.blobs.encode(digest, data)
+        self._pending.append(row)
+        self._pending_bytes += len(row.data)
+        if self._pending_bytes >= _FLUSH_BYTES:
+            self.flush()
+        return digest
+
+    def add_file(self, fd: int, size_hint: int) -> tuple[bytes, int]:
+        """Store an open file's content; returns (digest, size). Chunked when large."""
+        if size_hint <= CHUNK_SIZE:
+            data = _read_all(fd, size_hint)
+            if len(data) <= CHUNK_SIZE:
+                return self.add(data), len(data)
+            first = [data]
+        else:
+            first = []
+        whole = hashlib.sha256()
+        chunks: list[bytes] = []
+        total = 0
+
+        def pieces() -> Iterator[bytes]:
+            for piece in first:
+                for i in range(0, len(piece), CHUNK_SIZE):
+                    yield piece[i : i + CHUNK_SIZE]
+            while True:
+                piece = _read_all(fd, CHUNK_SIZE)
+                if not piece:
+                    return
+                yield piece
+
+        for piece in pieces():
+            whole.update(piece)
+            total += len(piece)
+            chunks.append(self._put_chunk(piece))
+        digest = whole.digest()
+        if digest not in self._seen:
+            self._seen.add(digest)
+            row = BlobRow(digest, BlobCodec.CHUNKS, total, b"".join(chunks))
+            self._pending.append(row)
+            self._pending_bytes += len(row.data)
+        return digest, total
+
+    def _put_chunk(self, piece: bytes) -> bytes:
+        digest = hashlib.sha256(piece).digest()
+        if digest in self._seen:
+            return digest
+        self._seen.add(digest)
+        local = self.blobs.local
+        if local is None:
+            self.add(piece, digest)
+            return digest
+        if not local.has(digest):
+            row = self.blobs.encode(digest, piece)
+            local.put(digest, row.codec, row.size, row.data)
+            self.stored_bytes += len(row.data)
+        return digest
+
+    def drop_known(self) -> None:
+        """Forget queued blobs the store already has (checked in one query)."""
+        if not self._pending:
+            return
+        have = self.blobs.meta.has_blobs(r.digest for r in self._pending)
+        if have:
+            self._pending = [r for r in self._pending if r.digest not in have]
+            self._pending_bytes = sum(len(r.data) for r in self._pending)
+
+    def flush(self) -> None:
+        self.drop_known()
+        if self._pending:
+            self.blobs.meta.put_blobs(self._pending)
+            self.stored_bytes += self._pending_bytes
+        self._pending = []
+        self._pending_bytes = 0
+
+    def take_pending(self) -> list[BlobRow]:
+        """Hand the queued rows to a checkpoint commit instead of writing them separately."""
+        self.drop_known()
+        rows, self._pending, self._pending_bytes = self._pending, [], 0
+        self.stored_bytes += sum(len(r.data) for r in rows)
+        return rows
+
+
+def _read_all(fd: int, n: int) -> bytes:
+    parts = []
+    while n > 0:
+        part = os.read(fd, min(n, CHUNK_SIZE))
+        if not part:
+            break
+        parts.append(part)
+        n -= len(part)
+    return b"".join(parts)

@@ -1,0 +1,93 @@
+"""``stashpoint`` command line: a thin layer over the library (SPEC C19)."""
+
+from __future__ import annotations
+
+import sys
+
+import click
+
+from ._app import EXIT_USER, Ctx
+
+__all__ = ["cli", "main"]
+
+EPILOG = """\b
+Exit codes: 0 ok, 1 usage or user error, 2 integrity failure, 3 conflict or lease lost.
+Environment: STASHPOINT_STORE (like --store), STASHPOINT_SESSION (like --session).
+"""
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]}, epilog=EPILOG)
+@click.option(
+    "--store",
+    "store_url",
+    envvar="STASHPOINT_STORE",
+    metavar="URL",
+    help="Store URL or path (default: nearest .stashpoint above the current directory).",
+)
+@click.option(
+    "--session",
+    "session_name",
+    envvar="STASHPOINT_SESSION",
+    metavar="NAME",
+    help="Session name (default: main).",
+)
+@click.option("--json", "json_out", is_flag=True, help="Print machine-readable JSON.")
+@click.option(
+    "-C",
+    "--workspace",
+    metavar="DIR",
+    help="Workspace directory (default: the store's project directory, or the current one).",
+)
+@click.option("--force", is_flag=True, help="Allow a workspace at / or $HOME.")
+@click.version_option(package_name="stashpoint")
+@click.pass_context
+def cli(
+    c: click.Context,
+    store_url: str | None,
+    session_name: str | None,
+    json_out: bool,
+    workspace: str | None,
+    force: bool,
+) -> None:
+    """Save, restore, rewind and fork an AI agent's workspace and state.
+
+    \b
+    Quick start, in a project directory:
+      stashpoint snap -m "before refactor"   # snapshot the whole workspace
+      stashpoint log --graph                 # history as a tree
+      stashpoint diff HEAD~1 HEAD            # what changed
+      stashpoint rewind HEAD~1               # go back (undoable)
+    """
+    c.obj = Ctx(store_url, session_name, json_out, workspace, force)
+
+
+def _register() -> None:
+    from . import commands  # noqa: F401  (registers the commands on ``cli``)
+
+
+_register()
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Entry point: maps every failure to the documented exit code."""
+    try:
+        cli.main(args=argv, prog_name="stashpoint", standalone_mode=False)
+    except click.exceptions.Exit as exc:
+        sys.exit(exc.exit_code)
+    except click.exceptions.Abort:
+        click.echo("aborted", err=True)
+        sys.exit(EXIT_USER)
+    except click.ClickException as exc:
+        exc.show()
+        sys.exit(EXIT_USER)
+    except KeyboardInterrupt:
+        click.echo("interrupted", err=True)
+        sys.exit(130)
+    except Exception as exc:
+        from ..errors import StashpointError
+
+        if isinstance(exc, StashpointError):
+            click.echo(f"error: {exc}", err=True)
+            sys.exit(exc.exit_code)
+        raise
+    sys.exit(0)

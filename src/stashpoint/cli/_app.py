@@ -1,0 +1,137 @@
+"""The CLI's shared machinery: global options, store discovery, output and exit codes.
+
+Exit codes (SPEC C19, also in README): 0 ok, 1 usage or user error, 2 integrity failure,
+3 conflict or lease lost. The library is imported lazily inside commands so that
+``stashpoint --help`` starts fast.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import click
+
+if TYPE_CHECKING:
+    from .._store import Store
+    from ..session import Session
+
+EXIT_OK, EXIT_USER, EXIT_INTEGRITY, EXIT_CONFLICT = 0, 1, 2, 3
+STORE_DIR = ".stashpoint"
+
+
+@dataclass
+class Ctx:
+    store_url: str | None
+    session_name: str | None
+    json: bool
+    workspace: str | None
+    force: bool
+    _store: Any = None
+
+    def locate(self, *, create: bool = False) -> tuple[str, Path, str | None, str | None]:
+        """(store url, workspace root, session from a link file, branch from a link file)."""
+        if self.store_url:
+            root = Path(self.workspace or ".").resolve()
+            return self.store_url, root, None, None
+        start = Path(self.workspace or ".").resolve()
+        found = discover(start)
+        if found is not None:
+            return found
+        if not create:
+            raise click.ClickException(
+                f"no stashpoint store in {start} or above; run `stashpoint init` (or "
+                "`stashpoint snap`, which creates one), or pass --store URL"
+            )
+        return str(start / STORE_DIR), start, None, None
+
+    def store(self, *, create: bool = False) -> Store:
+        if self._store is None:
+            from .._store import open_store
+
+            url, _root, _s, _b = self.locate(create=create)
+            self._store = open_store(url)
+        return self._store  # type: ignore[no-any-return]
+
+    def session(self, *, create: bool = False, files: bool = True) -> Session:
+        url, root, link_session, link_branch = self.locate(create=create)
+        store = self.store(create=create)
+        name = self.session_name or link_session or "main"
+        workspace = root if files else None
+        branch = link_branch if (link_branch and name == link_session) else None
+        return store.session(name, workspace=workspace, branch=branch, force=self.force)
+
+
+def discover(start: Path) -> tuple[str, Path, str | None, str | None] | None:
+    """Walk up from ``start`` to the nearest ``.stashpoint`` directory or link file.
+
+    Stops at the home directory (unless starting there) and at filesystem boundaries, so a
+    stray store high up never captures unrelated directories.
+    """
+    home = Path.home().resolve()
+    here = start
+    dev = _dev(start)
+    while True:
+        candidate = here / STORE_DIR
+        if candidate.is_dir():
+            return str(candidate), here, None, None
+        if candidate.is_file():
+            try:
+                link = json.loads(candidate.read_text())
+                return str(link["store"]), here, link.get("session"), link.get("branch")
+            except (OSError, ValueError, KeyError, TypeError) as exc:
+                raise click.ClickException(f"{candidate} is not a valid stashpoint link file") from exc
+        parent = here.parent
+        if parent == here or here == home or _dev(parent) != dev:
+            return None
+        here = parent
+
+
+def _dev(p: Path) -> int:
+    try:
+        return p.stat().st_dev
+    except OSError:
+        return -1
+
+
+def emit(ctx: Ctx, data: Any, human: str | None = None) -> None:
+    """Print ``data`` as JSON under --json, else the human text."""
+    if ctx.json:
+        click.echo(json.dumps(data, indent=2, ensure_ascii=False, default=str))
+    elif human is not None:
+        click.echo(human)
+
+
+def json_option(f: Any) -> Any:
+    """Per-command ``--json`` (the global one works too: ``stashpoint --json log``)."""
+
+    def callback(c: click.Context, _p: click.Parameter, value: bool) -> bool:
+        if value:
+            c.find_object(Ctx).json = True  # type: ignore[union-attr]
+        return value
+
+    return click.option(
+        "--json",
+        "json_out",
+        is_flag=True,
+        expose_value=False,
+        callback=callback,
+        help="Print machine-readable JSON.",
+    )(f)
+
+
+def short(ident: str | None) -> str:
+    return ident[:12] if ident else "-"
+
+
+def fail(message: str, code: int = EXIT_USER) -> None:
+    click.echo(f"error: {message}", err=True)
+    sys.exit(code)
+
+
+def env_flag(name: str) -> bool:
+    return os.environ.get(name, "").lower() in ("1", "true", "yes")

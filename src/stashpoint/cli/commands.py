@@ -1,0 +1,455 @@
+"""The core commands: init, snap, log, show, diff, rewind, fork, label, verify, demo."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import click
+
+from . import cli
+from ._app import EXIT_INTEGRITY, STORE_DIR, Ctx, emit, json_option, short
+from ._progress import ByteProgress
+
+if TYPE_CHECKING:
+    from ..model import Checkpoint
+    from ..session import Session
+
+pass_ctx = click.make_pass_decorator(Ctx)
+
+
+def _cp_json(session: Session, cp: Checkpoint, labels: dict[str, str] | None = None) -> Any:
+    from ..session import checkpoint_json
+
+    return checkpoint_json(cp, labels if labels is not None else session.labels())
+
+
+def _line(cp: Checkpoint, labels: dict[str, str], heads: dict[str, list[str]]) -> str:
+    label = labels.get(cp.id) or cp.label
+    parts = [
+        click.style(short(cp.id), fg="yellow"),
+        f"step {cp.step:<4}",
+        f"{cp.kind:<10}",
+        cp.created_at[:19].replace("T", " "),
+    ]
+    if cp.id in heads:
+        parts.append(click.style(f"({', '.join(heads[cp.id])})", fg="green"))
+    if label:
+        parts.append(click.style(f"[{label}]", fg="cyan"))
+    if cp.message:
+        parts.append(cp.message)
+    return "  ".join(parts)
+
+
+@cli.command()
+@click.argument("directory", required=False, type=click.Path(file_okay=False))
+@json_option
+@pass_ctx
+def init(ctx: Ctx, directory: str | None) -> None:
+    """Create a store (.stashpoint) in DIRECTORY (default: the current directory).
+
+    \b
+    Example:
+      stashpoint init            # then: stashpoint snap -m "first"
+    """
+    from .._store import open_store
+    from ..workspace import check_root
+
+    root = check_root(Path(directory or ctx.workspace or "."), force=ctx.force)
+    path = root / STORE_DIR
+    existed = path.is_dir()
+    store = open_store(ctx.store_url or path)
+    store.close()
+    emit(
+        ctx,
+        {"store": str(ctx.store_url or path), "created": not existed},
+        f"{'Reinitialised' if existed else 'Initialised'} stashpoint store in {path}",
+    )
+
+
+@cli.command()
+@click.option("-m", "--message", help="What this checkpoint is.")
+@click.option("-l", "--label", help="A name to find it by later (e.g. 'tests-pass').")
+@click.option(
+    "--kind",
+    type=click.Choice(["manual", "milestone", "auto"]),
+    default="manual",
+    show_default=True,
+    help="milestone checkpoints are kept by retention policies.",
+)
+@json_option
+@pass_ctx
+def snap(ctx: Ctx, message: str | None, label: str | None, kind: str) -> None:
+    """Snapshot the workspace (all files, also those changed by shell commands).
+
+    Creates the store in the current directory if there is none yet. The session's state is
+    carried over from the previous checkpoint unchanged.
+
+    \b
+    Example:
+      stashpoint snap -m "after tests pass" --label green
+    """
+    session = ctx.session(create=True)
+    with ByteProgress("snapshot", enabled=not ctx.json) as progress:
+        cp = session.checkpoint(message=message, label=label, kind=kind, progress=progress)
+    assert cp.workspace is not None
+    emit(
+        ctx,
+        _cp_json(session, cp),
+        f"{click.style(short(cp.id), fg='yellow')} step {cp.step}: {cp.workspace.files} files, "
+        f"{_size(cp.workspace.bytes)}" + (f" - {message}" if message else ""),
+    )
+
+
+@cli.command()
+@click.option("--graph", is_flag=True, help="Draw the branch tree.")
+@click.option("-n", "--limit", type=int, help="Show at most N checkpoints.")
+@json_option
+@pass_ctx
+def log(ctx: Ctx, graph: bool, limit: int | None) -> None:
+    """List the session's checkpoints, newest first.
+
+    \b
+    Example:
+      stashpoint log --graph
+      stashpoint log --json | jq '.[0].id'
+    """
+    session = ctx.session(files=False)
+    cps = session.history(limit=limit)
+    labels = session.labels()
+    if ctx.json:
+        emit(ctx, [_cp_json(session, cp, labels) for cp in cps])
+        return
+    if not cps:
+        click.echo(f"session {session.name!r} has no checkpoints yet")
+        return
+    heads: dict[str, list[str]] = {}
+    for branch, head in session.branches().items():
+        marker = f"HEAD -> {branch}" if branch == session.branch else branch
+        heads.setdefault(head, []).append(marker)
+    if not graph:
+        for cp in cps:
+            click.echo(_line(cp, labels, heads))
+        return
+    _draw_graph(cps, labels, heads, session.head.id if session.head else None)
+
+
+def _draw_graph(
+    cps: list[Checkpoint],
+    labels: dict[str, str],
+    heads: dict[str, list[str]],
+    current: str | None = None,
+) -> None:
+    """Oldest first; the line leading to ``current`` (else the newest) runs down the left
+    edge, and every other branch is drawn indented where it leaves it."""
+    by_id = {cp.id: cp for cp in cps}
+    children: dict[str | None, list[Checkpoint]] = {}
+    for cp in sorted(cps, key=lambda c: c.id):
+        parent = cp.parent if cp.parent in by_id else None
+        children.setdefault(parent, []).append(cp)
+    newest: dict[str, str] = {}
+    for cp in sorted(cps, key=lambda c: c.id, reverse=True):  # children before parents
+        newest[cp.id] = max([cp.id, *(newest[k.id] for k in children.get(cp.id, []))])
+    on_path: set[str] = set()
+    node = by_id.get(current) if current else None
+    while node is not None:
+        on_path.add(node.id)
+        node = by_id.get(node.parent) if node.parent else None
+
+    def main_child(kids: list[Checkpoint]) -> Checkpoint:
+        for k in kids:
+            if k.id in on_path:
+                return k
+        return max(kids, key=lambda k: newest[k.id])
+
+    def walk(cp: Checkpoint, lead: str, rest: str) -> None:
+        while True:
+            click.echo(lead + "● " + _line(cp, labels, heads))
+            kids = children.get(cp.id, [])
+            if not kids:
+                return
+            main = main_child(kids)
+            for k in kids:
+                if k is not main:
+                    walk(k, rest + "├─", rest + "│ ")
+            cp, lead = main, rest
+
+    roots = children.get(None, [])
+    for root in roots:
+        walk(root, "", "")
+
+
+@cli.command()
+@click.argument("ref", default="HEAD")
+@click.option("--files", "list_files", is_flag=True, help="List every file in the snapshot.")
+@json_option
+@pass_ctx
+def show(ctx: Ctx, ref: str, list_files: bool) -> None:
+    """Show one checkpoint: metadata, state and a workspace summary.
+
+    \b
+    Example:
+      stashpoint show HEAD --json
+    """
+    from ..serde import to_tree
+
+    session = ctx.session(files=False)
+    cp = session.get(ref)
+    data = _cp_json(session, cp)
+    data["state"] = to_tree(session.state(cp))
+    data["durability"] = "fsync every checkpoint"
+    manifest: dict[str, Any] | None = None
+    if cp.workspace is not None:
+        manifest = {
+            "root": cp.workspace.root,
+            "tree": cp.workspace.tree,
+            "files": cp.workspace.files,
+            "bytes": cp.workspace.bytes,
+        }
+        if list_files:
+            from ..workspace.tree import TreeReader
+
+            reader = TreeReader(session.store.blobs)
+            manifest["entries"] = [
+                {"path": os.fsdecode(p), "type": e.kind, "mode": oct(e.mode), "size": e.size}
+                for p, e in reader.walk(bytes.fromhex(cp.workspace.tree))
+            ]
+    data["manifest"] = manifest
+    if ctx.json:
+        emit(ctx, data)
+        return
+    click.echo(f"checkpoint {click.style(cp.id, fg='yellow')}")
+    for key in ("session", "branch", "parent", "step", "kind", "label", "message", "created_at"):
+        if data.get(key) is not None:
+            click.echo(f"  {key:<14} {data[key]}")
+    click.echo(f"  {'digest':<14} {cp.digest}")
+    click.echo(f"  {'schema':<14} v{cp.schema_version}  deps: " + ", ".join(
+        f"{k} {v}" for k, v in cp.deps.items()
+    ))
+    if manifest:
+        click.echo(
+            f"  {'workspace':<14} {manifest['files']} files, {_size(manifest['bytes'])} "
+            f"in {manifest['root']}"
+        )
+        for e in manifest.get("entries", []):
+            click.echo(f"    {e['type']} {e['mode']:>7} {e['size']:>10}  {e['path']}")
+    state = data["state"]
+    if state:
+        click.echo("  state:")
+        for key, value in state.items():
+            text = repr(value)
+            if isinstance(value, list):
+                text = f"[{len(value)} items]"
+            click.echo(f"    {key}: {text[:200]}")
+
+
+@cli.command()
+@click.argument("a")
+@click.argument("b", default="HEAD")
+@click.option("--stat", is_flag=True, help="Only list changed paths.")
+@json_option
+@pass_ctx
+def diff(ctx: Ctx, a: str, b: str, stat: bool) -> None:
+    """Compare two checkpoints: state, conversation and files (unified diff).
+
+    \b
+    Example:
+      stashpoint diff HEAD~1 HEAD
+      stashpoint diff 01JA0000 --stat
+    """
+    from ..serde import to_tree
+    from .textdiff import file_diff
+
+    session = ctx.session(files=False)
+    d = session.diff(a, b)
+    if ctx.json:
+        emit(
+            ctx,
+            {
+                "a": d.a.id,
+                "b": d.b.id,
+                "values": [
+                    {"key": k, "status": s, "old": to_tree(o), "new": to_tree(n)}
+                    for k, s, o, n in d.values
+                ],
+                "messages_removed": d.messages_removed,
+                "messages_added": to_tree(d.messages_added),
+                "files": [
+                    {"path": os.fsdecode(c.path), "status": c.status} for c in d.files
+                ],
+            },
+        )
+        return
+    click.echo(f"diff {short(d.a.id)} -> {short(d.b.id)}")
+    for key, status, old, new in d.values:
+        click.echo(click.style(f"state {key}: {status}", bold=True))
+        if status != "added":
+            click.echo(click.style(f"- {old!r}"[:500], fg="red"))
+        if status != "removed":
+            click.echo(click.style(f"+ {new!r}"[:500], fg="green"))
+    if d.messages_removed or d.messages_added:
+        click.echo(
+            click.style(
+                f"conversation: -{d.messages_removed} +{len(d.messages_added)} messages", bold=True
+            )
+        )
+        for m in d.messages_added[:20]:
+            click.echo(click.style(f"+ {m!r}"[:300], fg="green"))
+    for change in d.files:
+        if change.old is not None and change.old.kind == "d" and change.status != "type":
+            if change.status in ("added", "deleted"):
+                continue
+        path = os.fsdecode(change.path)
+        if stat:
+            click.echo(f"{change.status:>9}  {path}")
+            continue
+        click.echo(file_diff(session.store.blobs, change, path), nl=False)
+
+
+@cli.command()
+@click.argument("ref")
+@click.option("--files-only", is_flag=True, help="Restore files; keep the current state.")
+@click.option("--state-only", is_flag=True, help="Restore state; keep the current files.")
+@json_option
+@pass_ctx
+def rewind(ctx: Ctx, ref: str, files_only: bool, state_only: bool) -> None:
+    """Go back to a checkpoint: files and state (default), or only one of them.
+
+    A safety checkpoint of the current workspace is taken first, so a rewind can always be
+    undone: `stashpoint rewind <safety id>`. Ignored files are never touched.
+
+    \b
+    Example:
+      stashpoint rewind HEAD~2 --files-only
+    """
+    if files_only and state_only:
+        raise click.UsageError("--files-only and --state-only exclude each other")
+    session = ctx.session()
+    result = session.rewind(ref, files=not state_only, state=not files_only)
+    stats = result.files
+    data = {
+        "target": _cp_json(session, result.target),
+        "safety": _cp_json(session, result.safety),
+        "head": _cp_json(session, result.head),
+        "files": None if stats is None else vars(stats),
+    }
+    changed = (
+        f"{stats.written} written, {stats.deleted} deleted" if stats is not None else "no files"
+    )
+    emit(
+        ctx,
+        data,
+        f"rewound to {short(result.target.id)} ({changed}); "
+        f"undo with: stashpoint rewind {result.safety.id}",
+    )
+
+
+@cli.command()
+@click.argument("ref")
+@click.option("-b", "--branch", help="Name of the new branch (default: fork-<id>).")
+@click.option(
+    "--into",
+    type=click.Path(file_okay=False),
+    help="Materialise the checkpoint in this (new or empty) directory instead of here.",
+)
+@json_option
+@pass_ctx
+def fork(ctx: Ctx, ref: str, branch: str | None, into: str | None) -> None:
+    """Start a new branch from a checkpoint, here or in another directory.
+
+    \b
+    Example (A/B run on identical state):
+      stashpoint fork HEAD~3 --branch try-b --into ../repo-b
+      cd ../repo-b && stashpoint snap -m "b: first step"
+    """
+    session = ctx.session()
+    target = session.get(ref)
+    new = session.fork(target.id, branch, into=into)
+    where = str(new.root) if new.root else "(no workspace)"
+    emit(
+        ctx,
+        {"branch": new.branch, "from": _cp_json(session, target), "workspace": where},
+        f"branch {new.branch!r} starts at {short(target.id)} in {where}",
+    )
+
+
+@cli.command()
+@click.argument("ref")
+@click.argument("name", required=False)
+@click.option("--delete", is_flag=True, help="Remove the checkpoint's label.")
+@json_option
+@pass_ctx
+def label(ctx: Ctx, ref: str, name: str | None, delete: bool) -> None:
+    """Give a checkpoint a name you can use instead of its id.
+
+    \b
+    Example:
+      stashpoint label HEAD tests-pass && stashpoint rewind tests-pass
+    """
+    if not delete and not name:
+        raise click.UsageError("give a NAME, or --delete")
+    session = ctx.session(files=False)
+    cp = session.label(ref, None if delete else name)
+    emit(
+        ctx,
+        {"id": cp.id, "label": None if delete else name},
+        f"{short(cp.id)} " + ("unlabelled" if delete else f"labelled {name!r}"),
+    )
+
+
+@cli.command()
+@json_option
+@pass_ctx
+def verify(ctx: Ctx) -> None:
+    """Check every checkpoint, hash chain, conversation and blob in the store.
+
+    Exits 2 when anything is damaged and names what.
+
+    \b
+    Example:
+      stashpoint verify || echo "store damaged"
+    """
+    from ..verify import verify_store
+
+    store = ctx.store()
+    with ByteProgress("verify", enabled=not ctx.json) as progress:
+        report = verify_store(store, progress=progress)
+    emit(ctx, report.to_dict())
+    if not ctx.json:
+        for p in report.problems:
+            click.echo(click.style("damaged: ", fg="red") + p.message, err=True)
+        click.echo(
+            f"{report.checkpoints} checkpoints, {report.blobs} blobs "
+            f"({_size(report.bytes)}) checked: "
+            + ("ok" if report.ok else f"{len(report.problems)} problem(s)")
+        )
+    if not report.ok:
+        raise SystemExit(EXIT_INTEGRITY)
+
+
+@cli.command()
+@click.option("--dir", "directory", type=click.Path(file_okay=False), help="Where to run it.")
+@json_option
+@pass_ctx
+def demo(ctx: Ctx, directory: str | None) -> None:
+    """Run a scripted agent for ~10 steps, then rewind, fork and diff its history.
+
+    Deterministic, offline, no API key. Leaves the workspace and store behind for you to explore.
+
+    \b
+    Example:
+      stashpoint demo
+    """
+    from .demo import run_demo
+
+    run_demo(Path(directory) if directory else None, json_out=ctx.json)
+
+
+def _size(n: int) -> str:
+    value = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if value < 1024 or unit == "GiB":
+            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1024
+    return f"{n} B"  # pragma: no cover

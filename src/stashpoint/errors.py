@@ -1,0 +1,75 @@
+"""One error tree for the whole library; every error carries a stable CLI exit code.
+
+    StashpointError                      exit 1
+    ├── UsageError                       exit 1   bad arguments, refused workspace roots
+    ├── NotFoundError                    exit 1   unknown checkpoint, session or branch
+    ├── SerializationError               exit 1   a value of a type the allowlist does not know
+    ├── StoreError                       exit 1   the backend failed (wrapped driver error)
+    │   └── SchemaVersionError           exit 1   store written by a newer stashpoint
+    ├── IntegrityError                   exit 2   digest mismatch, broken hash chain, missing record
+    └── ConflictError                    exit 3   head moved under us, lease lost
+
+Exit codes are part of the CLI contract (SPEC C19) and stay reserved once used.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "ConflictError",
+    "IntegrityError",
+    "NotFoundError",
+    "SchemaVersionError",
+    "SerializationError",
+    "StashpointError",
+    "StoreError",
+    "UsageError",
+]
+
+
+class StashpointError(Exception):
+    """Root of every error stashpoint raises on purpose."""
+
+    exit_code = 1
+
+
+class UsageError(StashpointError):
+    """The caller asked for something that cannot be done as asked."""
+
+
+class NotFoundError(StashpointError):
+    """A checkpoint, session, branch or blob that does not exist."""
+
+
+class SerializationError(StashpointError):
+    """A value cannot be encoded (unsupported type) or decoded (hostile or over limits)."""
+
+
+class StoreError(StashpointError):
+    """The storage backend failed; the driver's exception is chained as ``__cause__``."""
+
+
+class SchemaVersionError(StoreError):
+    """The store or a record uses a format version this stashpoint does not understand."""
+
+
+class IntegrityError(StashpointError):
+    """Stored data does not match its digest or its place in the hash chain.
+
+    ``checkpoint`` names the damaged checkpoint when known; ``last_good`` names the newest
+    ancestor that still verifies, so callers can offer it instead of failing blind.
+    """
+
+    exit_code = 2
+
+    def __init__(
+        self, message: str, *, checkpoint: str | None = None, last_good: str | None = None
+    ) -> None:
+        super().__init__(message)
+        self.checkpoint = checkpoint
+        self.last_good = last_good
+
+
+class ConflictError(StashpointError):
+    """Another writer moved the branch head (compare-and-set failed) or a lease was lost."""
+
+    exit_code = 3

@@ -1,0 +1,83 @@
+"""Canonical encoding of checkpoint records and the hash chain over them.
+
+The canonical form is JSON with sorted keys and the ``digest`` field emptied; the digest is
+SHA-256 over a domain prefix plus that form. Because the form contains ``parent_digest``, a
+record's digest commits to its whole ancestry. With a key (kept outside the store) the digest
+becomes HMAC-SHA256, so someone who can write the store cannot re-hash a forged chain.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+
+import msgspec
+
+from .errors import IntegrityError, SchemaVersionError
+from .model import FORMAT_VERSION, Checkpoint
+
+__all__ = ["ChainHasher", "blob_digest", "canonical_body", "message_chain"]
+
+_DOMAIN = b"stashpoint-checkpoint-v1\n"
+_encoder = msgspec.json.Encoder(order="sorted")
+_decoder = msgspec.json.Decoder(Checkpoint)
+EMPTY_CHAIN = "0" * 64
+
+
+def blob_digest(data: bytes) -> bytes:
+    return hashlib.sha256(data).digest()
+
+
+def message_chain(prev_hex: str, encoded_message: bytes) -> str:
+    """Next link of a conversation's running hash: H(prev || message)."""
+    return hashlib.sha256(bytes.fromhex(prev_hex) + encoded_message).hexdigest()
+
+
+def canonical_body(cp: Checkpoint) -> bytes:
+    return _encoder.encode(msgspec.structs.replace(cp, digest=""))
+
+
+class ChainHasher:
+    """Seals and opens checkpoint records; keyed (HMAC) when given a key."""
+
+    def __init__(self, key: bytes | None = None) -> None:
+        self._key = key
+
+    @property
+    def keyed(self) -> bool:
+        return self._key is not None
+
+    def digest(self, body: bytes) -> str:
+        if self._key is not None:
+            return hmac.new(self._key, _DOMAIN + body, hashlib.sha256).hexdigest()
+        return hashlib.sha256(_DOMAIN + body).hexdigest()
+
+    def seal(self, cp: Checkpoint) -> tuple[Checkpoint, bytes]:
+        """Return the record with its digest set, and the body bytes to store."""
+        body = canonical_body(cp)
+        return msgspec.structs.replace(cp, digest=self.digest(body)), body
+
+    def open(self, ident: str, body: bytes, digest: str) -> Checkpoint:
+        """Verify and decode a stored record; any mismatch names the checkpoint."""
+        if not hmac.compare_digest(self.digest(body), digest):
+            raise IntegrityError(
+                f"checkpoint {ident} is corrupt: its record does not match its digest",
+                checkpoint=ident,
+            )
+        try:
+            cp = _decoder.decode(body)
+        except msgspec.DecodeError as exc:
+            raise IntegrityError(
+                f"checkpoint {ident} is corrupt: {exc}", checkpoint=ident
+            ) from exc
+        if cp.format > FORMAT_VERSION:
+            raise SchemaVersionError(
+                f"checkpoint {ident} has record format {cp.format}; this stashpoint reads "
+                f"up to {FORMAT_VERSION}: upgrade stashpoint"
+            )
+        if cp.id != ident or cp.digest != "":
+            raise IntegrityError(
+                f"checkpoint {ident} is corrupt: the record names another checkpoint",
+                checkpoint=ident,
+            )
+        return msgspec.structs.replace(cp, digest=digest)

@@ -1,0 +1,123 @@
+"""Immutable records: what a checkpoint is, and what a workspace tree is made of.
+
+A checkpoint stores *references*, not copies: the conversation is a prefix of an append-only
+message log (so n messages cost O(n) bytes across all checkpoints), values are content-addressed
+blobs (an unchanged key is stored once), and the workspace is the root of a Merkle tree whose
+unchanged subtrees are shared with earlier checkpoints.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Any, Literal
+
+import msgspec
+
+__all__ = [
+    "FORMAT_VERSION",
+    "Checkpoint",
+    "ConversationRef",
+    "Kind",
+    "StateRef",
+    "TreeEntry",
+    "WorkspaceRef",
+]
+
+FORMAT_VERSION = 1
+"""Version of the checkpoint record layout; a reader refuses records newer than it knows."""
+
+Kind = Literal["auto", "manual", "milestone", "pre-rewind", "rewind", "fork", "edit", "approval"]
+KINDS: tuple[str, ...] = Kind.__args__  # type: ignore[attr-defined]
+
+
+class ConversationRef(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """The first ``length`` messages of message log ``log``."""
+
+    log: str
+    """Id of the append-only log; a log may continue a parent log from a fork point."""
+    length: int
+    """Number of messages in this checkpoint's conversation."""
+    hash: str
+    """Running SHA-256 over the messages (h_i = H(h_{i-1} || message_i)), hex."""
+
+
+class StateRef(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    conversation: ConversationRef | None = None
+    """The conversation, if the state had one (the ``messages`` key by default)."""
+    values: dict[str, str] = {}
+    """State key -> SHA-256 hex of the encoded value, stored as a content-addressed blob."""
+
+
+class WorkspaceRef(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    root: str
+    """Absolute path of the workspace directory the snapshot was taken from."""
+    tree: str
+    """SHA-256 hex of the root tree object."""
+    files: int
+    """Number of regular files and symlinks in the snapshot."""
+    bytes: int
+    """Total size of the regular files, uncompressed."""
+
+
+class Checkpoint(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
+    """One immutable node of a session's checkpoint DAG.
+
+    ``digest`` is SHA-256 over the canonical encoding of every other field, and that encoding
+    includes ``parent_digest``: the checkpoints of a session form a hash chain, so editing,
+    deleting or re-ordering any of them is detected by its descendants.
+    """
+
+    format: int = FORMAT_VERSION
+    id: str
+    """Time-sortable id (ULID layout)."""
+    session: str
+    branch: str
+    parent: str | None
+    parent_digest: str | None
+    step: int
+    """Execution position: number of steps taken on this line of history."""
+    kind: str
+    label: str | None = None
+    """Label given at creation; later labels live beside the record (see ``Store.labels``)."""
+    message: str | None = None
+    created_at: str
+    """ISO 8601 UTC with microseconds, e.g. ``2026-11-21T23:59:04.123456Z``."""
+    schema_version: int = 1
+    """Version of the application's state schema (for migrations)."""
+    config_hash: str | None = None
+    """SHA-256 of the agent configuration, to warn when resuming under a different one."""
+    deps: dict[str, str] = {}
+    """Versions of Python, stashpoint and the packages the application named."""
+    state: StateRef = StateRef()
+    workspace: WorkspaceRef | None = None
+    meta: dict[str, Any] = {}
+    """Free-form application metadata (JSON types only)."""
+    digest: str = ""
+
+    @property
+    def created(self) -> dt.datetime:
+        return dt.datetime.fromisoformat(self.created_at.replace("Z", "+00:00"))
+
+    def to_dict(self, label: str | None = None) -> dict[str, Any]:
+        """JSON-ready dict; ``label`` overrides the creation label with the current one."""
+        out: dict[str, Any] = msgspec.to_builtins(self)
+        if label is not None:
+            out["label"] = label
+        return out
+
+
+class TreeEntry(msgspec.Struct, frozen=True, array_like=True):
+    """One name in a workspace directory. Names are raw bytes, as the filesystem has them."""
+
+    name: bytes
+    kind: str
+    """``f`` regular file, ``d`` directory, ``l`` symbolic link."""
+    mode: int
+    """Permission bits (``st_mode & 0o7777``)."""
+    size: int
+    ref: bytes
+    """File: SHA-256 of the content. Directory: SHA-256 of its tree. Link: the target bytes."""
+
+
+def utc_now_iso() -> str:
+    return dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")

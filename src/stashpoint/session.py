@@ -1,0 +1,661 @@
+"""The engine: checkpoint, load, rewind, fork, history and diff for one session.
+
+A session is one agent run. It has branches; each branch has a head checkpoint and, through a
+*checkout*, the workspace directory that follows it. Checkpoints are built here, sealed into the
+hash chain, and committed in one backend transaction that compare-and-sets the branch head, so
+two writers never lose a checkpoint: the loser re-reads the head and retries (the snapshot it
+took stays valid; only the parent link and the conversation log position are recomputed).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import platform
+import warnings
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import msgspec
+
+from . import serde
+from ._ids import new_id
+from ._store import Store, config_hash
+from .errors import ConflictError, IntegrityError, NotFoundError, UsageError
+from .integrity import EMPTY_CHAIN, message_chain
+from .model import KINDS, Checkpoint, ConversationRef, StateRef, WorkspaceRef, utc_now_iso
+from .stores.base import BlobRow, CheckpointRow, Commit, LogAppend, LogInfo
+from .workspace import Change, RestoreStats, Workspace, check_root
+
+__all__ = [
+    "CheckpointDiff",
+    "RewindResult",
+    "Session",
+    "StashpointWarning",
+]
+
+_MAX_RETRIES = 50
+_LINK_FILE = ".stashpoint"
+
+
+class StashpointWarning(UserWarning):
+    """Resuming under another agent config or state schema, and similar soft problems."""
+
+
+@dataclass
+class RewindResult:
+    target: Checkpoint
+    safety: Checkpoint
+    """The checkpoint taken just before rewinding: rewind to it to undo."""
+    head: Checkpoint
+    files: RestoreStats | None = None
+
+
+@dataclass
+class CheckpointDiff:
+    a: Checkpoint
+    b: Checkpoint
+    values: list[tuple[str, str, Any, Any]] = field(default_factory=list)
+    """(key, added|removed|changed, old, new)"""
+    messages_removed: int = 0
+    messages_added: list[Any] = field(default_factory=list)
+    files: list[Change] = field(default_factory=list)
+
+
+def _deps(packages: Iterable[str]) -> dict[str, str]:
+    from importlib import metadata
+
+    from . import __version__
+
+    out = {"python": platform.python_version(), "stashpoint": __version__}
+    for name in packages:
+        try:
+            out[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            out[name] = "not installed"
+    return out
+
+
+class Session:
+    """Checkpoints of one agent run.
+
+    Args:
+        store: where checkpoints live.
+        name: session name (one agent run / thread).
+        workspace: directory snapshotted with every checkpoint (None: state only).
+        branch: branch to work on; default: the branch this workspace follows, else ``main``.
+        config: the agent's configuration; its hash is recorded, and resuming under a
+            different one warns.
+        schema_version: version of your state layout, recorded for migrations.
+        packages: distributions whose versions are recorded with each checkpoint.
+        conversation_key: state key holding the message list, stored as an append-only log.
+        force: allow a workspace at ``/`` or ``$HOME``.
+    """
+
+    def __init__(
+        self,
+        store: Store,
+        name: str = "main",
+        *,
+        workspace: str | os.PathLike[str] | None = None,
+        branch: str | None = None,
+        config: Any = None,
+        schema_version: int = 1,
+        packages: Iterable[str] = (),
+        conversation_key: str = "messages",
+        force: bool = False,
+    ) -> None:
+        if not name or "\0" in name:
+            raise UsageError("a session needs a non-empty name")
+        self.store = store
+        self.name = name
+        self.conversation_key = conversation_key
+        self.schema_version = schema_version
+        self.config_hash = config_hash(config)
+        self._deps = _deps(packages)
+        self.root: Path | None = None
+        self.workspace: Workspace | None = None
+        if workspace is not None:
+            self.root = check_root(Path(workspace), force=force)
+            exclude = (store.home,) if store.home is not None else ()
+            self.workspace = Workspace(
+                self.root,
+                store.blobs,
+                store_id=store.id,
+                epoch=store.gc_epoch,
+                cache_dir=store.cache_dir,
+                exclude=exclude,
+            )
+        if branch is None:
+            branch = self._checkout_branch() or "main"
+        self.branch = branch
+        self._head: Checkpoint | None = None
+        self._head_loaded = False
+        self._conv_objs: list[Any] | None = None  # messages as of self._head, for prefix checks
+        self._log_tips: dict[str, int] = {}
+        self.complete_interrupted_restore()
+
+    # -- checkouts: which branch a workspace follows --------------------------------------
+    def _checkout_key(self) -> str | None:
+        return f"checkout:{self.name}:{self.root}" if self.root is not None else None
+
+    def _checkout_branch(self) -> str | None:
+        key = self._checkout_key()
+        return self.store.meta.get_meta(key) if key else None
+
+    def _set_checkout(self, branch: str) -> None:
+        key = self._checkout_key()
+        if key:
+            self.store.meta.set_meta(key, branch)
+
+    # -- reading --------------------------------------------------------------------------
+    @property
+    def head(self) -> Checkpoint | None:
+        """The branch head (verified), or None for a branch with no checkpoint yet."""
+        if not self._head_loaded:
+            self._reload_head()
+        return self._head
+
+    def _reload_head(self) -> None:
+        ident = self.store.meta.get_head(self.name, self.branch)
+        if ident is None:
+            self._head = None
+        elif self._head is None or self._head.id != ident:
+            self._head = self.store.get(ident)
+            self._conv_objs = None
+        self._head_loaded = True
+
+    def resolve(self, ref: str) -> str:
+        """Full id from an id, unique prefix, label, ``HEAD`` or ``HEAD~N``."""
+        upper = ref.upper()
+        if upper == "HEAD" or upper.startswith("HEAD~"):
+            cp = self.head
+            back = int(upper[5:] or 1) if "~" in upper else 0
+            for _ in range(back):
+                if cp is None or cp.parent is None:
+                    break
+                cp = self.store.get(cp.parent)
+            if cp is None:
+                raise NotFoundError(f"branch {self.branch!r} has no checkpoint {ref}")
+            return cp.id
+        return self.store.resolve(ref, self.name)
+
+    def get(self, ref: str) -> Checkpoint:
+        cp = self.store.get(self.resolve(ref))
+        if cp.session != self.name:
+            raise NotFoundError(f"checkpoint {cp.id} belongs to session {cp.session!r}")
+        return cp
+
+    def history(self, *, limit: int | None = None) -> list[Checkpoint]:
+        """All checkpoints of the session, newest first, each verified with its chain link."""
+        rows = self.store.meta.list_checkpoints(self.name, limit=limit)
+        by_id: dict[str, CheckpointRow] = {r.id: r for r in rows}
+        out = []
+        for row in rows:
+            cp = self.store.open_row(row)
+            if cp.parent is not None:
+                prow = by_id.get(cp.parent) or self.store.meta.get_checkpoint(cp.parent)
+                if prow is None or prow.digest != cp.parent_digest:
+                    what = "is missing" if prow is None else "was altered"
+                    raise IntegrityError(
+                        f"checkpoint {cp.id} is broken: its parent {cp.parent} {what}",
+                        checkpoint=cp.id,
+                    )
+            out.append(cp)
+        return out
+
+    def labels(self) -> dict[str, str]:
+        return self.store.meta.labels(self.name)
+
+    def branches(self) -> dict[str, str]:
+        return self.store.meta.branches(self.name)
+
+    def state(self, ref: str | Checkpoint | None = None) -> dict[str, Any]:
+        """The full state of a checkpoint (default: the head), decoded and verified."""
+        cp = self._as_checkpoint(ref)
+        if cp is None:
+            return {}
+        self._warn_if_foreign(cp)
+        out: dict[str, Any] = {}
+        conv = cp.state.conversation
+        if conv is not None:
+            out[self.conversation_key] = self._load_messages(conv)
+        for key, hexd in cp.state.values.items():
+            out[key] = serde.decode(self.store.blobs.read(bytes.fromhex(hexd)))
+        return out
+
+    def _as_checkpoint(self, ref: str | Checkpoint | None) -> Checkpoint | None:
+        if ref is None:
+            return self.head
+        if isinstance(ref, Checkpoint):
+            return ref
+        return self.get(ref)
+
+    def _warn_if_foreign(self, cp: Checkpoint) -> None:
+        if cp.schema_version != self.schema_version:
+            warnings.warn(
+                f"checkpoint {cp.id} has state schema version {cp.schema_version}; this "
+                f"session expects {self.schema_version}",
+                StashpointWarning,
+                stacklevel=3,
+            )
+        if cp.config_hash and self.config_hash and cp.config_hash != self.config_hash:
+            warnings.warn(
+                f"checkpoint {cp.id} was made under a different agent configuration",
+                StashpointWarning,
+                stacklevel=3,
+            )
+
+    def _message_rows(self, log: str, stop: int) -> list[tuple[bytes, bytes]]:
+        """(chain, data) of messages [0, stop) of a log, following fork parents."""
+        segments: list[tuple[str, int, int]] = []
+        while stop > 0:
+            info = self.store.meta.log_info(log)
+            if info is None:
+                raise IntegrityError(f"conversation log {log} is missing")
+            start = info.parent_len if info.parent is not None else 0
+            segments.append((log, start, stop))
+            if info.parent is None or start == 0:
+                break
+            log, stop = info.parent, start
+        out: list[tuple[bytes, bytes]] = []
+        for seg_log, start, seg_stop in reversed(segments):
+            rows = self.store.meta.read_messages(seg_log, start, seg_stop)
+            if len(rows) != seg_stop - start or any(
+                r.idx != start + i for i, r in enumerate(rows)
+            ):
+                raise IntegrityError(f"conversation log {seg_log} has missing messages")
+            out.extend((r.chain, r.data) for r in rows)
+        return out
+
+    def _load_messages(self, conv: ConversationRef) -> list[Any]:
+        rows = self._message_rows(conv.log, conv.length)
+        chain = EMPTY_CHAIN
+        msgs = []
+        for stored_chain, data in rows:
+            chain = message_chain(chain, data)
+            if bytes.fromhex(chain) != stored_chain:
+                raise IntegrityError(f"conversation log {conv.log} is corrupt")
+            msgs.append(serde.decode(data))
+        if chain != conv.hash:
+            raise IntegrityError(
+                f"conversation of length {conv.length} in log {conv.log} does not match its hash"
+            )
+        return msgs
+
+    # -- writing --------------------------------------------------------------------------
+    def checkpoint(
+        self,
+        state: Mapping[str, Any] | None = None,
+        *,
+        message: str | None = None,
+        label: str | None = None,
+        kind: str = "manual",
+        step: int | None = None,
+        meta: Mapping[str, Any] | None = None,
+        files: bool = True,
+        progress: Callable[[int, int], None] | None = None,
+    ) -> Checkpoint:
+        """Record a checkpoint of ``state`` (default: the head's state, unchanged) and the
+        workspace (when the session has one and ``files`` is true), atomically.
+        """
+        if kind not in KINDS:
+            raise UsageError(f"unknown checkpoint kind {kind!r}; one of {', '.join(KINDS)}")
+        ws_ref: WorkspaceRef | None = None
+        ws_rows: list[BlobRow] = []
+        if files and self.workspace is not None:
+            result, ws_rows = self.workspace.scan(progress=progress)
+            ws_ref = WorkspaceRef(str(self.root), result.tree.hex(), result.files, result.bytes)
+        values_enc = None
+        if state is not None:
+            values_enc = {
+                k: serde.encode(v) for k, v in state.items() if k != self.conversation_key
+            }
+            msgs = state.get(self.conversation_key)
+            if msgs is not None and not isinstance(msgs, list):
+                raise UsageError(f"state[{self.conversation_key!r}] must be a list of messages")
+        meta_tree = serde.to_tree(dict(meta)) if meta else {}
+        for _attempt in range(_MAX_RETRIES):
+            head = self.head
+            if ws_ref is None and head is not None and not files:
+                ws_ref = head.workspace
+            conv, append = self._conversation_for(head, state)
+            values, value_rows = self._values_for(head, values_enc)
+            cp = Checkpoint(
+                id=new_id(),
+                session=self.name,
+                branch=self.branch,
+                parent=head.id if head else None,
+                parent_digest=head.digest if head else None,
+                step=step if step is not None else (head.step + 1 if head else 1),
+                kind=kind,
+                label=label,
+                message=message,
+                created_at=utc_now_iso(),
+                schema_version=self.schema_version,
+                config_hash=self.config_hash,
+                deps=self._deps,
+                state=StateRef(conv, values),
+                workspace=ws_ref,
+                meta=meta_tree,
+            )
+            sealed, body = self.store.hasher.seal(cp)
+            row = CheckpointRow(cp.id, cp.session, cp.branch, cp.parent, body, sealed.digest)
+            try:
+                self.store.meta.commit(
+                    Commit(row, head.id if head else None, append, [*ws_rows, *value_rows])
+                )
+            except ConflictError:
+                self._head_loaded = False
+                self._log_tips.clear()
+                continue
+            if append is not None:
+                self._log_tips[append.log] = append.start + len(append.messages)
+            if state is not None:
+                msgs = state.get(self.conversation_key)
+                self._conv_objs = list(msgs) if isinstance(msgs, list) else None
+            self._head = sealed
+            self._head_loaded = True
+            if label is not None:
+                self.store.meta.set_label(sealed.id, self.name, label)
+            if self.workspace is not None and files:
+                self.workspace.save_cache()
+            return sealed
+        raise ConflictError(
+            f"gave up after {_MAX_RETRIES} attempts: session {self.name!r} branch "
+            f"{self.branch!r} is being written by others too fast"
+        )
+
+    def _values_for(
+        self, head: Checkpoint | None, encoded: dict[str, bytes] | None
+    ) -> tuple[dict[str, str], list[BlobRow]]:
+        if encoded is None:
+            return (dict(head.state.values) if head else {}), []
+        old = head.state.values if head else {}
+        values: dict[str, str] = {}
+        rows: list[BlobRow] = []
+        for key, data in encoded.items():
+            digest = hashlib.sha256(data).digest()
+            hexd = digest.hex()
+            values[key] = hexd
+            if old.get(key) != hexd:
+                rows.append(self.store.blobs.encode(digest, data))
+        return values, rows
+
+    def _conversation_for(
+        self, head: Checkpoint | None, state: Mapping[str, Any] | None
+    ) -> tuple[ConversationRef | None, LogAppend | None]:
+        """Where the conversation goes: extend the parent's log, or branch a new one."""
+        parent = head.state.conversation if head else None
+        if state is None:
+            return parent, None
+        msgs = state.get(self.conversation_key)
+        if msgs is None:
+            return None, None
+        n = parent.length if parent else 0
+        prefix = self._common_prefix(head, parent, msgs)
+        if parent is not None and prefix == n == len(msgs):
+            return parent, None
+        if parent is not None and prefix == n:
+            log, start, chain = parent.log, n, parent.hash
+            tip = self._log_tips.get(log)
+            if tip is None:
+                info = self.store.meta.log_info(log)
+                tip = info.length if info else -1
+            new_log = None if tip == n else LogInfo(self.name, log, n, n)
+            if new_log is not None:
+                log = new_id()
+        else:
+            # Diverged (edited or truncated history): a new log continuing the common prefix.
+            log, start = new_id(), prefix
+            if parent is not None and prefix > 0:
+                chain = self._message_rows(parent.log, prefix)[-1][0].hex()
+                new_log = LogInfo(self.name, parent.log, prefix, prefix)
+            else:
+                chain, start = EMPTY_CHAIN, 0
+                new_log = LogInfo(self.name, None, 0, 0)
+        rows = []
+        for m in msgs[start:]:
+            data = serde.encode(m)
+            chain = message_chain(chain, data)
+            rows.append((bytes.fromhex(chain), data))
+        append = LogAppend(log, start, rows, new_log)
+        return ConversationRef(log, len(msgs), chain), append
+
+    def _common_prefix(
+        self, head: Checkpoint | None, parent: ConversationRef | None, msgs: list[Any]
+    ) -> int:
+        if parent is None or head is None:
+            return 0
+        known = self._conv_objs
+        if known is None or len(known) != parent.length:
+            known = self._load_messages(parent)
+            self._conv_objs = known
+        n = min(len(known), len(msgs))
+        for i in range(n):
+            a, b = known[i], msgs[i]
+            if a is not b and a != b:
+                return i
+        return n
+
+    def label(self, ref: str, label: str | None) -> Checkpoint:
+        cp = self.get(ref)
+        self.store.meta.set_label(cp.id, self.name, label)
+        return cp
+
+    # -- rewind and fork ------------------------------------------------------------------
+    def _journal_key(self) -> str | None:
+        return f"restore-journal:{self.root}" if self.root is not None else None
+
+    def rewind(self, ref: str, *, files: bool = True, state: bool = True) -> RewindResult:
+        """Go back to a checkpoint: files, state, or both (SPEC C3).
+
+        A safety checkpoint of whatever is there now is taken first, so every rewind can be
+        undone by rewinding to it. With both files and state, the branch head moves to the
+        target; with only one, a new ``rewind`` checkpoint combines the target's part with the
+        current other part.
+        """
+        if not (files or state):
+            raise UsageError("rewind needs files, state or both")
+        target = self.get(ref)
+        if files and target.workspace is not None and self.workspace is None:
+            raise UsageError("this session has no workspace directory to restore files into")
+        self._warn_if_foreign(target)
+        safety = self.checkpoint(kind="pre-rewind", message=f"before rewind to {target.id}")
+        journal = {
+            "session": self.name,
+            "branch": self.branch,
+            "target": target.id,
+            "safety": safety.id,
+            "files": files,
+            "state": state,
+            "result": new_id(),
+        }
+        key = self._journal_key()
+        if key is not None:
+            self.store.meta.set_meta(key, json.dumps(journal))
+        return self._finish_rewind(journal, safety, rescan=False)
+
+    def _finish_rewind(
+        self, journal: dict[str, Any], safety: Checkpoint, *, rescan: bool
+    ) -> RewindResult:
+        target = self.store.get(journal["target"])
+        files, state = bool(journal["files"]), bool(journal["state"])
+        stats = None
+        if files and self.workspace is not None and target.workspace is not None:
+            assert safety.workspace is not None
+            if rescan:  # recovering: the directory may be half-restored
+                self.workspace.clean_temp_files()
+                current = self._current_tree()
+            else:
+                current = bytes.fromhex(safety.workspace.tree)
+            want = bytes.fromhex(target.workspace.tree)
+            stats = self.workspace.restore(current, want)
+            self.workspace.verify_equals(want)
+        if files and state:
+            current_head = self.store.meta.get_head(self.name, self.branch)
+            if current_head != target.id:
+                self.store.meta.set_head(self.name, self.branch, target.id, current_head)
+            self._head_loaded = False
+            head = self.store.get(target.id)
+        else:
+            head = self._compose(journal, target, safety)
+        key = self._journal_key()
+        if key is not None:
+            self.store.meta.set_meta(key, None)
+        return RewindResult(target, safety, head, stats)
+
+    def _current_tree(self) -> bytes:
+        assert self.workspace is not None
+        result, rows = self.workspace.scan()
+        if rows:
+            self.store.meta.put_blobs(rows)
+        self.workspace.save_cache()
+        return result.tree
+
+    def _compose(self, journal: dict[str, Any], target: Checkpoint, safety: Checkpoint) -> Checkpoint:
+        """The checkpoint after a files-only or state-only rewind (idempotent via its id)."""
+        ident = journal["result"]
+        if self.store.meta.get_checkpoint(ident) is not None:
+            self._head_loaded = False
+            return self.store.get(ident)
+        files = bool(journal["files"])
+        ws = target.workspace if files else safety.workspace
+        st = safety.state if files else target.state
+        what = "files" if files else "state"
+        cp = Checkpoint(
+            id=ident,
+            session=self.name,
+            branch=self.branch,
+            parent=safety.id,
+            parent_digest=safety.digest,
+            step=safety.step + 1,
+            kind="rewind",
+            message=f"rewound {what} to {target.id}",
+            created_at=utc_now_iso(),
+            schema_version=self.schema_version,
+            config_hash=self.config_hash,
+            deps=self._deps,
+            state=st,
+            workspace=ws,
+        )
+        sealed, body = self.store.hasher.seal(cp)
+        row = CheckpointRow(cp.id, cp.session, cp.branch, cp.parent, body, sealed.digest)
+        self.store.meta.commit(Commit(row, safety.id))
+        self._head, self._head_loaded, self._conv_objs = sealed, True, None
+        return sealed
+
+    def complete_interrupted_restore(self) -> bool:
+        """Finish a rewind that a crash interrupted (called on open); True if there was one."""
+        key = self._journal_key()
+        if key is None:
+            return False
+        raw = self.store.meta.get_meta(key)
+        if raw is None:
+            return False
+        journal = json.loads(raw)
+        if journal.get("session") != self.name:
+            return False
+        saved_branch = self.branch
+        self.branch = journal["branch"]
+        try:
+            self._finish_rewind(journal, self.store.get(journal["safety"]), rescan=True)
+        finally:
+            self.branch = saved_branch
+            self._head_loaded = False
+        return True
+
+    def fork(
+        self,
+        ref: str,
+        branch: str | None = None,
+        *,
+        into: str | os.PathLike[str] | None = None,
+    ) -> Session:
+        """A new branch starting at a checkpoint (SPEC C4).
+
+        With ``into``, the checkpoint's files are materialised in that (new or empty) directory,
+        which then follows the new branch: two directories, two independent runs from identical
+        state. Without it, this workspace switches to the new branch (after a safety checkpoint).
+        """
+        target = self.get(ref)
+        branch = branch or f"fork-{target.id[-8:].lower()}"
+        if not branch or "\0" in branch:
+            raise UsageError("invalid branch name")
+        if branch in self.store.meta.branches(self.name):
+            raise UsageError(f"branch {branch!r} already exists in session {self.name!r}")
+        if into is not None:
+            dest = Path(into).resolve()
+            if dest.exists() and (not dest.is_dir() or any(dest.iterdir())):
+                raise UsageError(f"{dest} exists and is not an empty directory")
+            dest.mkdir(parents=True, exist_ok=True)
+            self.store.meta.set_head(self.name, branch, target.id, None)
+            other = Session(
+                self.store, self.name, workspace=dest, branch=branch, force=True
+            )
+            other.schema_version, other.config_hash = self.schema_version, self.config_hash
+            if target.workspace is not None and other.workspace is not None:
+                other.workspace.restore(None, bytes.fromhex(target.workspace.tree))
+                other.workspace.verify_equals(bytes.fromhex(target.workspace.tree))
+            other._set_checkout(branch)
+            self._write_link_file(dest, branch)
+            return other
+        safety = None
+        if self.workspace is not None and target.workspace is not None:
+            safety = self.checkpoint(kind="pre-rewind", message=f"before fork to {branch}")
+        self.store.meta.set_head(self.name, branch, target.id, None)
+        self.branch, self._head_loaded = branch, False
+        if self.workspace is not None and target.workspace is not None:
+            assert safety is not None and safety.workspace is not None
+            want = bytes.fromhex(target.workspace.tree)
+            self.workspace.restore(bytes.fromhex(safety.workspace.tree), want)
+            self.workspace.verify_equals(want)
+        self._set_checkout(branch)
+        return self
+
+    def _write_link_file(self, dest: Path, branch: str) -> None:
+        """A ``.stashpoint`` file telling the CLI, run inside ``dest``, which store to use."""
+        if self.store.home is None:
+            return
+        link = {"store": str(self.store.home), "session": self.name, "branch": branch}
+        (dest / _LINK_FILE).write_text(json.dumps(link) + "\n")
+
+    # -- diff -----------------------------------------------------------------------------
+    def diff(self, a: str | Checkpoint, b: str | Checkpoint) -> CheckpointDiff:
+        ca = a if isinstance(a, Checkpoint) else self.get(a)
+        cb = b if isinstance(b, Checkpoint) else self.get(b)
+        out = CheckpointDiff(ca, cb)
+        va, vb = ca.state.values, cb.state.values
+        blobs = self.store.blobs
+        for key in sorted(va.keys() | vb.keys()):
+            da, db = va.get(key), vb.get(key)
+            if da == db:
+                continue
+            old = serde.decode(blobs.read(bytes.fromhex(da))) if da else None
+            new = serde.decode(blobs.read(bytes.fromhex(db))) if db else None
+            status = "added" if da is None else "removed" if db is None else "changed"
+            out.values.append((key, status, old, new))
+        conv_a, conv_b = ca.state.conversation, cb.state.conversation
+        if conv_a != conv_b:
+            ma = self._load_messages(conv_a) if conv_a else []
+            mb = self._load_messages(conv_b) if conv_b else []
+            k = 0
+            while k < min(len(ma), len(mb)) and ma[k] == mb[k]:
+                k += 1
+            out.messages_removed = len(ma) - k
+            out.messages_added = mb[k:]
+        ta = bytes.fromhex(ca.workspace.tree) if ca.workspace else None
+        tb = bytes.fromhex(cb.workspace.tree) if cb.workspace else None
+        from .workspace.tree import TreeReader
+
+        out.files = list(TreeReader(blobs).diff(ta, tb))
+        return out
+
+
+def checkpoint_json(cp: Checkpoint, labels: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """The CLI contract's object for a checkpoint (SPEC C19)."""
+    d = cp.to_dict(label=(labels or {}).get(cp.id))
+    return msgspec.to_builtins(d)  # type: ignore[no-any-return]

@@ -1,0 +1,205 @@
+"""Walk a whole store and report everything that does not verify (``stashpoint verify``).
+
+Every record is checked against its digest and its parent link, every conversation log against
+its running hash, every referenced blob against its content digest. Shared objects are read once,
+so verifying N checkpoints of one workspace costs about one read of the workspace, not N.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from ._store import Problem, Store
+from .errors import IntegrityError, NotFoundError, StashpointError
+from .integrity import EMPTY_CHAIN, message_chain
+from .model import Checkpoint
+from .stores.base import LogInfo
+from .workspace.tree import TreeReader
+
+__all__ = ["VerifyReport", "verify_store"]
+
+
+@dataclass
+class VerifyReport:
+    checkpoints: int = 0
+    blobs: int = 0
+    bytes: int = 0
+    problems: list[Problem] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "ok": self.ok,
+            "checkpoints": self.checkpoints,
+            "blobs": self.blobs,
+            "bytes": self.bytes,
+            "problems": [p.to_dict() for p in self.problems],
+        }
+
+
+class _Verifier:
+    def __init__(self, store: Store, progress: Callable[[int, int], None] | None) -> None:
+        self.store = store
+        self.report = VerifyReport()
+        self.progress = progress
+        self.reader = TreeReader(store.blobs)
+        self.seen_blobs: dict[bytes, str | None] = {}  # digest -> error message or None
+        self.logs: dict[str, LogInfo] = dict(store.meta.iter_logs())
+        self.chains: dict[str, list[str] | str] = {}  # log -> chain hex per own row, or error
+
+    def problem(self, message: str, cp: str | None = None, session: str | None = None) -> None:
+        self.report.problems.append(Problem(message, cp, session))
+
+    def run(self) -> VerifyReport:
+        for session in self.store.meta.sessions():
+            self.session(session)
+        return self.report
+
+    def session(self, name: str) -> None:
+        rows = self.store.meta.list_checkpoints(name)
+        by_id = {r.id: r for r in rows}
+        for row in rows:
+            self.report.checkpoints += 1
+            try:
+                cp = self.store.open_row(row)
+            except StashpointError as exc:
+                self.problem(str(exc), row.id, name)
+                continue
+            if cp.parent is not None:
+                prow = by_id.get(cp.parent) or self.store.meta.get_checkpoint(cp.parent)
+                if prow is None:
+                    self.problem(
+                        f"checkpoint {cp.id} is broken: its parent {cp.parent} is missing",
+                        cp.id,
+                        name,
+                    )
+                elif prow.digest != cp.parent_digest:
+                    self.problem(
+                        f"checkpoint {cp.id} is broken: its parent {cp.parent} was altered",
+                        cp.id,
+                        name,
+                    )
+            self.contents(cp)
+        for branch, head in self.store.meta.branches(name).items():
+            if head not in by_id:
+                self.problem(
+                    f"branch {branch!r} of session {name!r} points to missing checkpoint {head}",
+                    head,
+                    name,
+                )
+
+    def contents(self, cp: Checkpoint) -> None:
+        conv = cp.state.conversation
+        if conv is not None:
+            err = self.conversation(conv.log, conv.length, conv.hash)
+            if err:
+                self.problem(f"checkpoint {cp.id}: {err}", cp.id, cp.session)
+        for key, hexd in cp.state.values.items():
+            err = self.blob(bytes.fromhex(hexd))
+            if err:
+                self.problem(f"checkpoint {cp.id}: state value {key!r}: {err}", cp.id, cp.session)
+        if cp.workspace is not None:
+            err = self.tree(bytes.fromhex(cp.workspace.tree))
+            if err:
+                self.problem(f"checkpoint {cp.id}: workspace: {err}", cp.id, cp.session)
+
+    def blob(self, digest: bytes) -> str | None:
+        if digest in self.seen_blobs:
+            return self.seen_blobs[digest]
+        err = None
+        try:
+            for part in self.store.blobs.iter_content(digest):
+                self.report.bytes += len(part)
+            self.report.blobs += 1
+        except (IntegrityError, NotFoundError) as exc:
+            err = str(exc)
+        self.seen_blobs[digest] = err
+        if self.progress is not None:
+            self.progress(self.report.blobs, self.report.bytes)
+        return err
+
+    def tree(self, digest: bytes) -> str | None:
+        if digest in self.seen_blobs:
+            return self.seen_blobs[digest]
+        err = None
+        try:
+            entries = self.reader.load(digest)
+            self.report.blobs += 1
+            for e in entries.values():
+                sub = self.tree(e.ref) if e.kind == "d" else self.blob(e.ref) if e.kind == "f" else None
+                if sub is not None and err is None:
+                    err = f"{e.name.decode('utf-8', 'replace')}: {sub}"
+        except (IntegrityError, NotFoundError) as exc:
+            err = str(exc)
+        self.seen_blobs[digest] = err
+        return err
+
+    def conversation(self, log: str, length: int, expected: str) -> str | None:
+        """Chain hash of the first ``length`` messages, checked against ``expected``."""
+        if length == 0:
+            return None if expected == EMPTY_CHAIN else "empty conversation with a hash"
+        info = self.logs.get(log)
+        if info is None:
+            return f"conversation log {log} is missing"
+        start = info.parent_len if info.parent is not None else 0
+        if length <= start and info.parent is not None:
+            return self.conversation(info.parent, length, expected)
+        chains = self.log_chains(log)
+        if isinstance(chains, str):
+            return chains
+        idx = length - 1 - start
+        if idx >= len(chains):
+            return f"conversation log {log} is missing messages"
+        return None if chains[idx] == expected else f"conversation log {log} does not match"
+
+    def log_chains(self, log: str, depth: int = 0) -> list[str] | str:
+        if log in self.chains:
+            return self.chains[log]
+        info = self.logs[log]
+        chain = EMPTY_CHAIN
+        start = 0
+        if info.parent is not None and info.parent_len > 0:
+            start = info.parent_len
+            if info.parent not in self.logs or depth > 1000:
+                self.chains[log] = f"conversation log {log}'s parent log is missing"
+                return self.chains[log]
+            parent = self.log_chains(info.parent, depth + 1)
+            if isinstance(parent, str):
+                self.chains[log] = parent
+                return parent
+            pstart = self.logs[info.parent].parent_len if self.logs[info.parent].parent else 0
+            chain = self._chain_at(info.parent, start, pstart, parent)
+        rows = self.store.meta.read_messages(log, start, info.length)
+        out: list[str] = []
+        for i, row in enumerate(rows):
+            if row.idx != start + i:
+                self.chains[log] = f"conversation log {log} has missing messages"
+                return self.chains[log]
+            chain = message_chain(chain, row.data)
+            if bytes.fromhex(chain) != row.chain:
+                self.chains[log] = f"conversation log {log} is corrupt at message {row.idx}"
+                return self.chains[log]
+            out.append(chain)
+        self.chains[log] = out
+        return out
+
+    def _chain_at(self, log: str, length: int, start: int, chains: list[str]) -> str:
+        """Chain hash after ``length`` messages of ``log`` (following its parents)."""
+        if length <= start:
+            info = self.logs[log]
+            assert info.parent is not None
+            pinfo = self.logs[info.parent]
+            pstart = pinfo.parent_len if pinfo.parent else 0
+            pchains = self.log_chains(info.parent)
+            assert not isinstance(pchains, str)
+            return self._chain_at(info.parent, length, pstart, pchains)
+        return chains[length - 1 - start]
+
+
+def verify_store(store: Store, progress: Callable[[int, int], None] | None = None) -> VerifyReport:
+    return _Verifier(store, progress).run()

@@ -1,0 +1,98 @@
+"""The workspace layer: a directory on disk <-> a Merkle tree in the store."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from pathlib import Path
+
+from ..blobs.objects import Blobs
+from ..errors import IntegrityError, UsageError
+from .restore import Restorer, RestoreStats, clean_temp_files
+from .scan import Progress, Scanner, ScanResult
+from .statcache import StatCache
+from .tree import Change, TreeReader
+
+__all__ = ["Change", "RestoreStats", "ScanResult", "TreeReader", "Workspace", "check_root"]
+
+
+def check_root(root: Path, *, force: bool = False) -> Path:
+    """Refuse roots that are almost certainly a mistake (SPEC §7: snapshotting $HOME or /)."""
+    root = root.resolve()
+    if not root.is_dir():
+        raise UsageError(f"workspace {root} is not a directory")
+    if force:
+        return root
+    risky = {Path("/").resolve(), Path.home().resolve()}
+    if root in risky:
+        raise UsageError(
+            f"refusing to snapshot {root}: it is the filesystem root or your home directory, "
+            "which would scan everything below it; choose a project directory or pass --force"
+        )
+    return root
+
+
+class Workspace:
+    """A directory whose snapshots go into ``blobs``; ``cache_dir`` holds its stat cache."""
+
+    def __init__(
+        self,
+        root: Path,
+        blobs: Blobs,
+        *,
+        store_id: str,
+        epoch: str,
+        cache_dir: Path | None,
+        exclude: tuple[Path, ...] = (),
+    ) -> None:
+        self.root = root
+        self.blobs = blobs
+        self._store_id = store_id
+        self._epoch = epoch
+        key = hashlib.sha256(os.fsencode(root)).hexdigest()[:24]
+        self._cache_path = cache_dir / f"stat-{key}.bin" if cache_dir is not None else None
+        self._exclude = frozenset(os.fsencode(p) for p in exclude)
+        self.reader = TreeReader(blobs)
+
+    def _cache(self) -> StatCache:
+        return StatCache.load(self._cache_path, self._store_id, self._epoch, str(self.root))
+
+    def scan(self, *, progress: Progress | None = None) -> tuple[ScanResult, list[object]]:
+        """Snapshot the directory; returns the result and the blob rows still to commit."""
+        writer = self.blobs.writer()
+        scanner = Scanner(
+            os.fsencode(self.root), writer, self._cache(), exclude=self._exclude, progress=progress
+        )
+        result = scanner.run()
+        pending = writer.take_pending()
+        self._pending_cache = scanner.new
+        return result, list(pending)
+
+    def save_cache(self) -> None:
+        """Persist the stat cache of the last scan (call after its checkpoint committed)."""
+        cache = getattr(self, "_pending_cache", None)
+        if cache is not None and self._cache_path is not None:
+            try:
+                cache.save(self._cache_path)
+            except OSError:
+                pass  # the cache is a hint; failing to write it only costs a re-hash later
+
+    def restore(self, current: bytes | None, target: bytes) -> RestoreStats:
+        stats = Restorer(self.reader).apply(os.fsencode(self.root), current, target)
+        return stats
+
+    def verify_equals(self, target: bytes) -> None:
+        """Re-scan and check the directory now matches ``target`` exactly."""
+        result, pending = self.scan()
+        if result.tree != target:
+            raise IntegrityError(
+                f"workspace {self.root} does not match the restored snapshot after restoring "
+                "(was it modified while the restore ran?); run the command again"
+            )
+        self.save_cache()
+
+    def clean_temp_files(self) -> int:
+        return clean_temp_files(os.fsencode(self.root))
+
+    def diff(self, a: bytes | None, b: bytes | None) -> list[Change]:
+        return list(self.reader.diff(a, b))

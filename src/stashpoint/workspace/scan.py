@@ -1,0 +1,184 @@
+"""Scanning a workspace into a Merkle tree of content-addressed blobs.
+
+One pass, top-down: list a directory, apply ignore rules, reuse the stat cache for unchanged
+files, read and store only what changed, and emit one tree object per directory (bottom-up
+digests). An unchanged subtree produces the same digest, so it is stored once for all checkpoints.
+
+Any error fails the scan: a snapshot is complete and consistent or it is not recorded (SPEC §7:
+a failed add must never leave the old tree recorded as the new snapshot).
+"""
+
+from __future__ import annotations
+
+import errno
+import hashlib
+import os
+import stat
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import msgspec
+
+from .._fsutil import TMP_MARK
+from ..blobs.objects import BlobWriter
+from ..errors import StashpointError
+from ..model import TreeEntry
+from .ignore import ALWAYS_EXCLUDED, IGNORE_FILES, IgnoreContext
+from .statcache import RACY_WINDOW_NS, StatCache
+
+__all__ = ["ScanResult", "Scanner", "encode_tree"]
+
+_tree_encoder = msgspec.msgpack.Encoder()
+_MAX_RETRIES = 5
+
+Progress = Callable[[int, int], None]
+"""Called with (files read so far, bytes read so far)."""
+
+
+def encode_tree(entries: list[TreeEntry]) -> bytes:
+    return _tree_encoder.encode(entries)
+
+
+@dataclass
+class ScanResult:
+    tree: bytes
+    files: int = 0
+    bytes: int = 0
+    read_files: int = 0
+    read_bytes: int = 0
+    skipped: list[str] = field(default_factory=list)
+    """Paths left out because they are neither file, directory nor symlink."""
+
+
+class Scanner:
+    """Scans one workspace root; ``exclude`` holds absolute paths never to descend into."""
+
+    def __init__(
+        self,
+        root: bytes,
+        writer: BlobWriter,
+        cache: StatCache,
+        *,
+        exclude: frozenset[bytes] = frozenset(),
+        progress: Progress | None = None,
+    ) -> None:
+        self.root = root
+        self.writer = writer
+        self.old = cache
+        self.new = StatCache(cache.store_id, cache.epoch, cache.root)
+        self.exclude = exclude
+        self.progress = progress
+        self._racy_after = time.time_ns() - RACY_WINDOW_NS
+        self._result = ScanResult(b"")
+
+    def run(self) -> ScanResult:
+        try:
+            digest, _n, _b = self._scan_dir(self.root, b"", IgnoreContext.root())
+        except OSError as exc:
+            raise StashpointError(
+                f"snapshot failed at {os.fsdecode(exc.filename or self.root)}: {exc.strerror}"
+            ) from exc
+        self._result.tree = digest
+        return self._result
+
+    def _scan_dir(self, path: bytes, rel: bytes, ctx: IgnoreContext) -> tuple[bytes, int, int]:
+        with os.scandir(path) as it:
+            listing = list(it)
+        texts = []
+        for e in listing:
+            if e.name in IGNORE_FILES and e.is_file(follow_symlinks=False):
+                with open(e.path, "rb") as f:
+                    texts.append(f.read())
+        ctx = ctx.child(rel, texts)
+        old = self.old
+        trusted = ctx.empty or old.dirs.get(rel) == ctx.signature
+        self.new.dirs[rel] = ctx.signature
+        entries: list[TreeEntry] = []
+        nfiles = nbytes = 0
+        for e in listing:
+            name = e.name
+            if name in ALWAYS_EXCLUDED or name.startswith(TMP_MARK.encode()):
+                continue
+            crel = rel + b"/" + name if rel else name
+            try:
+                st = e.stat(follow_symlinks=False)
+            except FileNotFoundError:
+                continue  # deleted while we looked: it is not part of this moment
+            mode = st.st_mode
+            if stat.S_ISDIR(mode):
+                if e.path in self.exclude:
+                    continue
+                if not (trusted and crel in old.dirs) and ctx.ignored(crel, True):
+                    continue
+                sub, n, b = self._scan_dir(e.path, crel, ctx)
+                entries.append(TreeEntry(name, "d", mode & 0o7777, 0, sub))
+                nfiles += n
+                nbytes += b
+                continue
+            if not (trusted and (crel in old.files)) and ctx.ignored(crel, False):
+                continue
+            if stat.S_ISREG(mode):
+                digest, size = self._file_digest(e.path, crel, st)
+                entries.append(TreeEntry(name, "f", mode & 0o7777, size, digest))
+                nfiles += 1
+                nbytes += size
+            elif stat.S_ISLNK(mode):
+                target = os.readlink(e.path)
+                entries.append(TreeEntry(name, "l", 0o777, len(target), target))
+                nfiles += 1
+            else:
+                self._result.skipped.append(os.fsdecode(crel))
+        entries.sort(key=lambda t: t.name)
+        data = encode_tree(entries)
+        digest = hashlib.sha256(data).digest()
+        self.writer.add(data, digest)
+        if rel == b"":
+            self._result.files, self._result.bytes = nfiles, nbytes
+        return digest, nfiles, nbytes
+
+    def _file_digest(self, path: bytes, rel: bytes, st: os.stat_result) -> tuple[bytes, int]:
+        key = (st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino, st.st_mode)
+        hit = self.old.files.get(rel)
+        if hit is not None and hit[:5] == key and st.st_mtime_ns < self._racy_after:
+            self.new.files[rel] = hit
+            return hit[5], st.st_size
+        for _ in range(_MAX_RETRIES):
+            try:
+                fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | getattr(os, "O_NOATIME", 0))
+            except PermissionError:
+                fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+            except OSError as exc:
+                if exc.errno == errno.ELOOP:  # became a symlink under us: rescan next time
+                    raise
+                raise
+            try:
+                before = os.fstat(fd)
+                digest, size = self.writer.add_file(fd, before.st_size)
+                after = os.fstat(fd)
+            finally:
+                os.close(fd)
+            stable = (before.st_size, before.st_mtime_ns, before.st_ctime_ns) == (
+                after.st_size,
+                after.st_mtime_ns,
+                after.st_ctime_ns,
+            )
+            if stable and size == after.st_size:
+                self._result.read_files += 1
+                self._result.read_bytes += size
+                if self.progress is not None:
+                    self.progress(self._result.read_files, self._result.read_bytes)
+                if after.st_mtime_ns < self._racy_after:
+                    self.new.files[rel] = (
+                        after.st_size,
+                        after.st_mtime_ns,
+                        after.st_ctime_ns,
+                        after.st_ino,
+                        after.st_mode,
+                        digest,
+                    )
+                return digest, size
+        raise StashpointError(
+            f"snapshot failed: {os.fsdecode(rel)} kept changing while it was read; "
+            "stop the writer or ignore the file in .stashpointignore"
+        )

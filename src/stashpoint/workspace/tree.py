@@ -1,0 +1,104 @@
+"""Reading tree objects back: validation of every name, walking, and tree-to-tree diffs.
+
+Diffs descend only into subtrees whose digests differ, so comparing two snapshots of a 50k-file
+workspace that differ in one file reads a handful of tree objects.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import msgspec
+
+from ..blobs.objects import Blobs
+from ..errors import IntegrityError
+from ..model import TreeEntry
+
+__all__ = ["Change", "TreeReader", "validate_name"]
+
+_tree_decoder = msgspec.msgpack.Decoder(list[TreeEntry])
+_KINDS = frozenset({"f", "d", "l"})
+
+
+def validate_name(name: bytes) -> bool:
+    """A single path component that cannot escape its directory."""
+    return bool(name) and name not in (b".", b"..") and b"/" not in name and b"\0" not in name
+
+
+@dataclass(frozen=True)
+class Change:
+    path: bytes
+    """Relative path, '/'-separated bytes."""
+    status: str
+    """``added``, ``deleted``, ``modified``, ``mode`` or ``type``."""
+    old: TreeEntry | None
+    new: TreeEntry | None
+
+
+class TreeReader:
+    def __init__(self, blobs: Blobs) -> None:
+        self.blobs = blobs
+        self._cache: dict[bytes, dict[bytes, TreeEntry]] = {}
+
+    def load(self, digest: bytes) -> dict[bytes, TreeEntry]:
+        """Name -> entry of one verified tree object."""
+        got = self._cache.get(digest)
+        if got is not None:
+            return got
+        data = self.blobs.read(digest)
+        try:
+            entries = _tree_decoder.decode(data)
+        except msgspec.DecodeError as exc:
+            raise IntegrityError(f"tree {digest.hex()} is malformed: {exc}") from exc
+        out: dict[bytes, TreeEntry] = {}
+        for e in entries:
+            if not validate_name(e.name) or e.name in out or e.kind not in _KINDS:
+                raise IntegrityError(f"tree {digest.hex()} has an invalid entry {e.name!r}")
+            if e.kind in ("f", "d") and len(e.ref) != 32:
+                raise IntegrityError(f"tree {digest.hex()} has a malformed reference")
+            out[e.name] = e
+        if len(self._cache) < 4096:
+            self._cache[digest] = out
+        return out
+
+    def walk(self, digest: bytes, prefix: bytes = b"") -> Iterator[tuple[bytes, TreeEntry]]:
+        """Every (relpath, entry) below a tree, parents before children."""
+        for name, e in sorted(self.load(digest).items()):
+            rel = prefix + b"/" + name if prefix else name
+            yield rel, e
+            if e.kind == "d":
+                yield from self.walk(e.ref, rel)
+
+    def diff(self, a: bytes | None, b: bytes | None, prefix: bytes = b"") -> Iterator[Change]:
+        """Changes that turn tree ``a`` into tree ``b`` (None is the empty tree)."""
+        if a == b:
+            return
+        old = self.load(a) if a is not None else {}
+        new = self.load(b) if b is not None else {}
+        for name in sorted(old.keys() | new.keys()):
+            o, n = old.get(name), new.get(name)
+            rel = prefix + b"/" + name if prefix else name
+            if o is None and n is not None:
+                yield Change(rel, "added", None, n)
+                if n.kind == "d":
+                    yield from self.diff(None, n.ref, rel)
+            elif n is None and o is not None:
+                if o.kind == "d":
+                    yield from self.diff(o.ref, None, rel)
+                yield Change(rel, "deleted", o, None)
+            elif o is not None and n is not None:
+                if o.kind != n.kind:
+                    if o.kind == "d":
+                        yield from self.diff(o.ref, None, rel)
+                    yield Change(rel, "type", o, n)
+                    if n.kind == "d":
+                        yield from self.diff(None, n.ref, rel)
+                elif o.kind == "d":
+                    if o.mode != n.mode:
+                        yield Change(rel, "mode", o, n)
+                    yield from self.diff(o.ref, n.ref, rel)
+                elif o.ref != n.ref:
+                    yield Change(rel, "modified", o, n)
+                elif o.mode != n.mode:
+                    yield Change(rel, "mode", o, n)
