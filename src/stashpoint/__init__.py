@@ -5,27 +5,36 @@
     run = store.session("fix-issue-42", workspace="repo/")
     cp = run.checkpoint({"messages": msgs, "plan": plan}, message="before migration")
     run.rewind(cp.id)                                # files and state; undoable
+
+Names are imported on first use (PEP 562), so ``stashpoint --help`` does not pay for the
+storage stack: the CLI must start in under 150 ms (SPEC C19).
 """
 
 from __future__ import annotations
 
-from ._store import Store
-from ._store import open_store as open
-from .errors import (
-    ConflictError,
-    IntegrityError,
-    NotFoundError,
-    SchemaVersionError,
-    SerializationError,
-    StashpointError,
-    StoreError,
-    UsageError,
-)
-from .model import Checkpoint
-from .serde import register_type
-from .session import CheckpointDiff, RewindResult, Session, StashpointWarning
+import importlib
+from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
+
+_EXPORTS = {
+    "Checkpoint": "stashpoint.model",
+    "CheckpointDiff": "stashpoint.session",
+    "ConflictError": "stashpoint.errors",
+    "IntegrityError": "stashpoint.errors",
+    "NotFoundError": "stashpoint.errors",
+    "RewindResult": "stashpoint.session",
+    "SchemaVersionError": "stashpoint.errors",
+    "SerializationError": "stashpoint.errors",
+    "Session": "stashpoint.session",
+    "StashpointError": "stashpoint.errors",
+    "StashpointWarning": "stashpoint.session",
+    "Store": "stashpoint._store",
+    "StoreError": "stashpoint.errors",
+    "UsageError": "stashpoint.errors",
+    "open": "stashpoint._store",
+    "register_type": "stashpoint.serde",
+}
 
 __all__ = [
     "Checkpoint",
@@ -46,3 +55,33 @@ __all__ = [
     "open",
     "register_type",
 ]
+
+if TYPE_CHECKING:
+    from ._store import Store
+    from ._store import open_store as open
+    from .errors import (
+        ConflictError,
+        IntegrityError,
+        NotFoundError,
+        SchemaVersionError,
+        SerializationError,
+        StashpointError,
+        StoreError,
+        UsageError,
+    )
+    from .model import Checkpoint
+    from .serde import register_type
+    from .session import CheckpointDiff, RewindResult, Session, StashpointWarning
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'stashpoint' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), "open_store" if name == "open" else name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(__all__)

@@ -1,0 +1,3 @@
+from stashpoint.cli import main
+
+main()

@@ -1,0 +1,75 @@
+"""Shared fixtures: real directories, real SQLite stores, and the CLI run as a user types it."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+import stashpoint
+
+STASHPOINT = [sys.executable, "-m", "stashpoint"]
+
+
+@dataclass
+class Result:
+    code: int
+    out: str
+    err: str
+
+
+@pytest.fixture
+def sp(tmp_path: Path) -> Iterator[object]:
+    """Run ``stashpoint ARGS`` in a subprocess; ``sp(*args, cwd=...)`` -> Result."""
+    env = dict(os.environ)
+    env.pop("STASHPOINT_STORE", None)
+    env.pop("STASHPOINT_SESSION", None)
+    env["HOME"] = str(tmp_path)  # discovery stops at $HOME: keep it inside the test
+
+    def run(*args: str, cwd: Path | str | None = None, check: bool = True, input: str | None = None) -> Result:
+        proc = subprocess.run(
+            [*STASHPOINT, *args],
+            cwd=cwd,
+            env=env,
+            capture_output=True,
+            text=True,
+            input=input,
+            timeout=300,
+        )
+        res = Result(proc.returncode, proc.stdout, proc.stderr)
+        if check and proc.returncode != 0:
+            raise AssertionError(f"stashpoint {' '.join(args)} exited {proc.returncode}:\n{proc.stderr}{proc.stdout}")
+        return res
+
+    yield run
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> Iterator[stashpoint.Store]:
+    s = stashpoint.open(tmp_path / "store")
+    yield s
+    s.close()
+
+
+def snapshot_tree(root: Path) -> dict[str, tuple[str, int, bytes]]:
+    """Everything under ``root`` (minus .stashpoint and ignored build dirs the test names):
+    path -> (type, mode, content or link target)."""
+    out: dict[str, tuple[str, int, bytes]] = {}
+    for dirpath, dirnames, filenames in os.walk(root):
+        dirnames[:] = sorted(d for d in dirnames if d != ".stashpoint")
+        for name in [*dirnames, *filenames]:
+            p = Path(dirpath) / name
+            rel = str(p.relative_to(root))
+            st = p.lstat()
+            if p.is_symlink():
+                out[rel] = ("l", 0, os.readlink(p).encode())
+            elif p.is_dir():
+                out[rel] = ("d", st.st_mode & 0o7777, b"")
+            elif name != ".stashpoint":
+                out[rel] = ("f", st.st_mode & 0o7777, p.read_bytes())
+    return out
