@@ -67,9 +67,7 @@ class ChainHasher:
         try:
             cp = _decoder.decode(body)
         except msgspec.DecodeError as exc:
-            raise IntegrityError(
-                f"checkpoint {ident} is corrupt: {exc}", checkpoint=ident
-            ) from exc
+            raise IntegrityError(f"checkpoint {ident} is corrupt: {exc}", checkpoint=ident) from exc
         if cp.format > FORMAT_VERSION:
             raise SchemaVersionError(
                 f"checkpoint {ident} has record format {cp.format}; this stashpoint reads "

@@ -194,9 +194,7 @@ def _decode_tag(tree: dict[str, Any], depth: int) -> Any:
     if simple is not None:
         return simple(v)
     if tag == "dict":
-        return {
-            _hashable(from_tree(k, depth + 1)): from_tree(val, depth + 1) for k, val in v
-        }
+        return {_hashable(from_tree(k, depth + 1)): from_tree(val, depth + 1) for k, val in v}
     if tag in ("tuple", "set", "frozenset"):
         items = [from_tree(x, depth + 1) for x in v]
         if tag == "tuple":
@@ -214,7 +212,7 @@ def _decode_tag(tree: dict[str, Any], depth: int) -> Any:
         if tag == "enum":
             return cls(payload)
         if hasattr(cls, "model_validate"):
-            return cls.model_validate(payload)  # type: ignore[attr-defined]
+            return cls.model_validate(payload)
         return cls(**payload)
     raise SerializationError(f"unknown tag {tag!r} in stored value")
 
@@ -239,5 +237,3 @@ _DECODERS: dict[str, Callable[[Any], Any]] = {
     "decimal": lambda v: decimal.Decimal(str(v)),
     "path": lambda v: PurePath(str(v)),
 }
-
-

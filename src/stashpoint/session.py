@@ -264,9 +264,7 @@ class Session:
         out: list[tuple[bytes, bytes]] = []
         for seg_log, start, seg_stop in reversed(segments):
             rows = self.store.meta.read_messages(seg_log, start, seg_stop)
-            if len(rows) != seg_stop - start or any(
-                r.idx != start + i for i, r in enumerate(rows)
-            ):
+            if len(rows) != seg_stop - start or any(r.idx != start + i for i, r in enumerate(rows)):
                 raise IntegrityError(f"conversation log {seg_log} has missing messages")
             out.extend((r.chain, r.data) for r in rows)
         return out
@@ -516,7 +514,9 @@ class Session:
         self.workspace.save_cache()
         return result.tree
 
-    def _compose(self, journal: dict[str, Any], target: Checkpoint, safety: Checkpoint) -> Checkpoint:
+    def _compose(
+        self, journal: dict[str, Any], target: Checkpoint, safety: Checkpoint
+    ) -> Checkpoint:
         """The checkpoint after a files-only or state-only rewind (idempotent via its id)."""
         ident = journal["result"]
         if self.store.meta.get_checkpoint(ident) is not None:
@@ -593,9 +593,7 @@ class Session:
                 raise UsageError(f"{dest} exists and is not an empty directory")
             dest.mkdir(parents=True, exist_ok=True)
             self.store.meta.set_head(self.name, branch, target.id, None)
-            other = Session(
-                self.store, self.name, workspace=dest, branch=branch, force=True
-            )
+            other = Session(self.store, self.name, workspace=dest, branch=branch, force=True)
             other.schema_version, other.config_hash = self.schema_version, self.config_hash
             if target.workspace is not None and other.workspace is not None:
                 other.workspace.restore(None, bytes.fromhex(target.workspace.tree))

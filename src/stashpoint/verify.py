@@ -131,7 +131,13 @@ class _Verifier:
             entries = self.reader.load(digest)
             self.report.blobs += 1
             for e in entries.values():
-                sub = self.tree(e.ref) if e.kind == "d" else self.blob(e.ref) if e.kind == "f" else None
+                sub = (
+                    self.tree(e.ref)
+                    if e.kind == "d"
+                    else self.blob(e.ref)
+                    if e.kind == "f"
+                    else None
+                )
                 if sub is not None and err is None:
                     err = f"{e.name.decode('utf-8', 'replace')}: {sub}"
         except (IntegrityError, NotFoundError) as exc:

@@ -58,7 +58,7 @@ class LocalBlobStore:
             pass
 
     def __iter__(self) -> Iterator[bytes]:
-        for dirpath, _dirs, files in os.walk(self.root):
+        for _dirpath, _dirs, files in os.walk(self.root):
             for name in files:
                 if _NAME.fullmatch(name):
                     yield bytes.fromhex(name)

@@ -58,7 +58,7 @@ class Ctx:
         return self._store  # type: ignore[no-any-return]
 
     def session(self, *, create: bool = False, files: bool = True) -> Session:
-        url, root, link_session, link_branch = self.locate(create=create)
+        _url, root, link_session, link_branch = self.locate(create=create)
         store = self.store(create=create)
         name = self.session_name or link_session or "main"
         workspace = root if files else None
@@ -84,7 +84,9 @@ def discover(start: Path) -> tuple[str, Path, str | None, str | None] | None:
                 link = json.loads(candidate.read_text())
                 return str(link["store"]), here, link.get("session"), link.get("branch")
             except (OSError, ValueError, KeyError, TypeError) as exc:
-                raise click.ClickException(f"{candidate} is not a valid stashpoint link file") from exc
+                raise click.ClickException(
+                    f"{candidate} is not a valid stashpoint link file"
+                ) from exc
         parent = here.parent
         if parent == here or here == home or _dev(parent) != dev:
             return None

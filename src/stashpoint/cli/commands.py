@@ -224,9 +224,10 @@ def show(ctx: Ctx, ref: str, list_files: bool) -> None:
         if data.get(key) is not None:
             click.echo(f"  {key:<14} {data[key]}")
     click.echo(f"  {'digest':<14} {cp.digest}")
-    click.echo(f"  {'schema':<14} v{cp.schema_version}  deps: " + ", ".join(
-        f"{k} {v}" for k, v in cp.deps.items()
-    ))
+    click.echo(
+        f"  {'schema':<14} v{cp.schema_version}  deps: "
+        + ", ".join(f"{k} {v}" for k, v in cp.deps.items())
+    )
     if manifest:
         click.echo(
             f"  {'workspace':<14} {manifest['files']} files, {_size(manifest['bytes'])} "
@@ -275,9 +276,7 @@ def diff(ctx: Ctx, a: str, b: str, stat: bool) -> None:
                 ],
                 "messages_removed": d.messages_removed,
                 "messages_added": to_tree(d.messages_added),
-                "files": [
-                    {"path": os.fsdecode(c.path), "status": c.status} for c in d.files
-                ],
+                "files": [{"path": os.fsdecode(c.path), "status": c.status} for c in d.files],
             },
         )
         return
@@ -297,9 +296,6 @@ def diff(ctx: Ctx, a: str, b: str, stat: bool) -> None:
         for m in d.messages_added[:20]:
             click.echo(click.style(f"+ {m!r}"[:300], fg="green"))
     for change in d.files:
-        if change.old is not None and change.old.kind == "d" and change.status != "type":
-            if change.status in ("added", "deleted"):
-                continue
         path = os.fsdecode(change.path)
         if stat:
             click.echo(f"{change.status:>9}  {path}")

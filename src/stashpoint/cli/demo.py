@@ -23,19 +23,19 @@ from ._app import short
 
 __all__ = ["run_demo"]
 
-CALC_BUGGY = '''def add(a, b):
+CALC_BUGGY = """def add(a, b):
     return a - b  # bug: should add
 
 
 def mul(a, b):
     return a * b
-'''
-TEST = '''from calc import add, mul
+"""
+TEST = """from calc import add, mul
 
 assert add(2, 3) == 5, "add is broken"
 assert mul(2, 3) == 6
 print("all tests pass")
-'''
+"""
 
 Step = tuple[str, str, Callable[[Path], str]]
 
@@ -67,11 +67,23 @@ def _steps(py: str) -> list[Step]:
         ("tool", "Write the tests", _write("test_calc.py", TEST)),
         ("tool", "Ignore build output", _write(".gitignore", "build/\n__pycache__/\n")),
         ("shell", "Run the tests (they fail)", _run(f"{py} test_calc.py")),
-        ("shell", "Fix add() with sed", _run("sed -i 's/return a - b  # bug: should add/return a + b/' calc.py")),
+        (
+            "shell",
+            "Fix add() with sed",
+            _run("sed -i 's/return a - b  # bug: should add/return a + b/' calc.py"),
+        ),
         ("shell", "Run the tests again", _run(f"{py} test_calc.py")),
         ("tool", "Document the module", _write("README.md", "# calc\n\nadd() and mul().\n")),
-        ("shell", "Build an artifact (ignored)", _run("mkdir -p build && cp calc.py build/calc.bak && chmod +x calc.py && echo built")),
-        ("shell", "Clean up aggressively (a bad idea)", _run("rm -f test_calc.py README.md && echo 'def add(a, b): pass' > calc.py && echo cleaned")),
+        (
+            "shell",
+            "Build an artifact (ignored)",
+            _run("mkdir -p build && cp calc.py build/calc.bak && chmod +x calc.py && echo built"),
+        ),
+        (
+            "shell",
+            "Clean up aggressively (a bad idea)",
+            _run("rm -f test_calc.py README.md && echo 'def add(a, b): pass' > calc.py && echo ok"),
+        ),
         ("tool", "Write the release notes", _write("NOTES.md", "- fixed add()\n")),
     ]
 
@@ -105,7 +117,9 @@ def run_demo(directory: Path | None, *, json_out: bool = False) -> dict[str, Any
         ids.append(cp.id)
         say(f"  step {i:>2}  {short(cp.id)}  {name:<36} -> {result.splitlines()[-1][:40]}")
     good, bad = ids[7], ids[8]
-    say(click.style("\nStep 9 deleted the tests and broke calc.py. Rewinding to step 8:", bold=True))
+    say(
+        click.style("\nStep 9 deleted the tests and broke calc.py. Rewinding to step 8:", bold=True)
+    )
     undo = run.rewind(good)
     assert undo.files is not None
     say(
@@ -115,11 +129,15 @@ def run_demo(directory: Path | None, *, json_out: bool = False) -> dict[str, Any
     say(f"  (the rewind itself can be undone: stashpoint rewind {undo.safety.id})")
     messages = run.state()["messages"]
     messages.append({"role": "assistant", "content": "step 9 (retry): keep the tests"})
-    run.checkpoint({"messages": messages, "tasks": dict(tasks)}, message="Keep the tests, add notes")
+    run.checkpoint(
+        {"messages": messages, "tasks": dict(tasks)}, message="Keep the tests, add notes"
+    )
     fork_dir = base / "agent-workspace-b"
     say(click.style(f"\nForking 'tests-pass' into {fork_dir} for an A/B run:", bold=True))
     b: Session = run.fork("tests-pass", "try-mul-fix", into=fork_dir)
-    (fork_dir / "calc.py").write_text((fork_dir / "calc.py").read_text() + "\n\ndef sub(a, b):\n    return a - b\n")
+    (fork_dir / "calc.py").write_text(
+        (fork_dir / "calc.py").read_text() + "\n\ndef sub(a, b):\n    return a - b\n"
+    )
     b.checkpoint(message="Branch B: add sub()")
     say(f"  branch {b.branch!r} has its own directory; both evolve independently")
     say(click.style("\nHistory (stashpoint log --graph):", bold=True))
@@ -132,7 +150,12 @@ def run_demo(directory: Path | None, *, json_out: bool = False) -> dict[str, Any
     if not json_out:
         _draw_graph(run.history(), labels, heads, run.head.id if run.head else None)
     d = run.diff(good, bad)
-    say(click.style(f"\nWhat the bad step changed (stashpoint diff {short(good)} {short(bad)} --stat):", bold=True))
+    say(
+        click.style(
+            f"\nWhat the bad step changed (stashpoint diff {short(good)} {short(bad)} --stat):",
+            bold=True,
+        )
+    )
     for c in d.files:
         say(f"  {c.status:>9}  {c.path.decode()}")
     say(click.style("\nExplore it yourself:", bold=True))
@@ -143,7 +166,12 @@ def run_demo(directory: Path | None, *, json_out: bool = False) -> dict[str, Any
     say(f"  stashpoint rewind {short(bad)} --files-only   # see the damage again")
     say("  stashpoint verify")
     say(f"\nThe store lives in {ws / '.stashpoint'} (SQLite + blobs).")
-    out = {"workspace": str(ws), "fork": str(fork_dir), "store": str(ws / ".stashpoint"), "checkpoints": ids}
+    out = {
+        "workspace": str(ws),
+        "fork": str(fork_dir),
+        "store": str(ws / ".stashpoint"),
+        "checkpoints": ids,
+    }
     store.close()
     if json_out:
         import json

@@ -44,5 +44,7 @@ def file_diff(blobs: Blobs, change: Change, path: str) -> str:
     lines = list(difflib.unified_diff(a, b, f"a/{path}", f"b/{path}"))
     if not lines:
         return header
-    out = "".join(line if line.endswith("\n") else line + "\n\\ No newline at end of file\n" for line in lines)
+    out = "".join(
+        line if line.endswith("\n") else line + "\n\\ No newline at end of file\n" for line in lines
+    )
     return out

@@ -73,8 +73,10 @@ class MemoryStore(MetadataStore):
             a = commit.append
             if a is not None:
                 info = a.new if a.new is not None else self._logs.get(a.log)
-                if info is None or info.length != a.start or (
-                    a.new is not None and a.log in self._logs
+                if (
+                    info is None
+                    or info.length != a.start
+                    or (a.new is not None and a.log in self._logs)
                 ):
                     raise ConflictError(f"conversation log {a.log} grew under us; retry")
             if row.id in self._checkpoints:

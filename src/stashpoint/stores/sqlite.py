@@ -13,6 +13,7 @@ import sqlite3
 import threading
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
+from typing import Any
 
 from ..errors import ConflictError, SchemaVersionError, StoreError
 from .base import BlobRow, CheckpointRow, Commit, LogInfo, MessageRow, MetadataStore
@@ -90,14 +91,14 @@ class SqliteStore(MetadataStore):
             raise
 
     # -- helpers --------------------------------------------------------------------------
-    def _read(self, sql: str, args: Sequence[object] = ()) -> list[tuple[object, ...]]:
+    def _read(self, sql: str, args: Sequence[object] = ()) -> list[Any]:
         with self._lock:
             try:
                 return self._db.execute(sql, args).fetchall()
             except sqlite3.Error as exc:
                 raise StoreError(f"SQLite read failed: {exc}") from exc
 
-    def _write(self, fn: object, *args: object) -> None:
+    def _write(self, fn: Any, *args: Any) -> None:
         """Run ``fn(db, *args)`` inside BEGIN IMMEDIATE ... COMMIT."""
         with self._lock:
             db = self._db
@@ -106,7 +107,7 @@ class SqliteStore(MetadataStore):
             except sqlite3.Error as exc:
                 raise StoreError(f"SQLite write failed: {exc}") from exc
             try:
-                fn(db, *args)  # type: ignore[operator]
+                fn(db, *args)
                 db.execute("COMMIT")
             except BaseException as exc:
                 try:
@@ -139,7 +140,7 @@ class SqliteStore(MetadataStore):
             batch = wanted[i : i + 500]
             marks = ",".join("?" * len(batch))
             rows = self._read(f"SELECT digest FROM blobs WHERE digest IN ({marks})", batch)
-            found.update(bytes(r[0]) for r in rows)  # type: ignore[arg-type]
+            found.update(bytes(r[0]) for r in rows)
         return found
 
     def put_blobs(self, blobs: Sequence[BlobRow]) -> None:
@@ -151,27 +152,27 @@ class SqliteStore(MetadataStore):
         if not rows:
             return None
         d, codec, size, data = rows[0]
-        return BlobRow(bytes(d), int(codec), int(size), bytes(data))  # type: ignore[arg-type,call-overload]
+        return BlobRow(bytes(d), int(codec), int(size), bytes(data))
 
     def iter_blob_digests(self) -> Iterator[bytes]:
         for (d,) in self._read("SELECT digest FROM blobs"):
-            yield bytes(d)  # type: ignore[call-overload]
+            yield bytes(d)
 
     # -- logs -----------------------------------------------------------------------------
     def log_info(self, log: str) -> LogInfo | None:
         rows = self._read("SELECT session, parent, parent_len, length FROM logs WHERE id=?", (log,))
-        return LogInfo(*rows[0]) if rows else None  # type: ignore[arg-type]
+        return LogInfo(*rows[0]) if rows else None
 
     def read_messages(self, log: str, start: int, stop: int) -> list[MessageRow]:
         rows = self._read(
             "SELECT idx, chain, data FROM messages WHERE log=? AND idx>=? AND idx<? ORDER BY idx",
             (log, start, stop),
         )
-        return [MessageRow(int(i), bytes(c), bytes(d)) for i, c, d in rows]  # type: ignore[call-overload]
+        return [MessageRow(int(i), bytes(c), bytes(d)) for i, c, d in rows]
 
     def iter_logs(self) -> Iterator[tuple[str, LogInfo]]:
         for row in self._read("SELECT id, session, parent, parent_len, length FROM logs"):
-            yield str(row[0]), LogInfo(*row[1:])  # type: ignore[arg-type]
+            yield str(row[0]), LogInfo(*row[1:])
 
     # -- checkpoints ----------------------------------------------------------------------
     def commit(self, commit: Commit) -> None:
@@ -250,15 +251,15 @@ class SqliteStore(MetadataStore):
             self._db.close()
 
 
-def _row(r: tuple[object, ...]) -> CheckpointRow:
+def _row(r: Any) -> CheckpointRow:
     i, s, b, p, body, digest = r
-    return CheckpointRow(str(i), str(s), str(b), None if p is None else str(p), bytes(body), str(digest))  # type: ignore[call-overload]
+    return CheckpointRow(
+        str(i), str(s), str(b), None if p is None else str(p), bytes(body), str(digest)
+    )
 
 
 def _insert_blobs(db: sqlite3.Connection, blobs: Sequence[BlobRow]) -> None:
-    db.executemany(
-        "INSERT OR IGNORE INTO blobs(digest, codec, size, data) VALUES (?,?,?,?)", blobs
-    )
+    db.executemany("INSERT OR IGNORE INTO blobs(digest, codec, size, data) VALUES (?,?,?,?)", blobs)
 
 
 def _cas_head(
@@ -298,9 +299,7 @@ def _apply_commit(db: sqlite3.Connection, c: Commit) -> None:
                 (a.log, a.new.session, a.new.parent, a.new.parent_len, a.new.length),
             )
         end = a.start + len(a.messages)
-        cur = db.execute(
-            "UPDATE logs SET length=? WHERE id=? AND length=?", (end, a.log, a.start)
-        )
+        cur = db.execute("UPDATE logs SET length=? WHERE id=? AND length=?", (end, a.log, a.start))
         if cur.rowcount != 1:
             raise ConflictError(f"conversation log {a.log} grew under us; retry")
         db.executemany(

@@ -8,6 +8,7 @@ from pathlib import Path
 
 from ..blobs.objects import Blobs
 from ..errors import IntegrityError, UsageError
+from ..stores.base import BlobRow
 from .restore import Restorer, RestoreStats, clean_temp_files
 from .scan import Progress, Scanner, ScanResult
 from .statcache import StatCache
@@ -53,11 +54,12 @@ class Workspace:
         self._cache_path = cache_dir / f"stat-{key}.bin" if cache_dir is not None else None
         self._exclude = frozenset(os.fsencode(p) for p in exclude)
         self.reader = TreeReader(blobs)
+        self._pending_cache: StatCache | None = None
 
     def _cache(self) -> StatCache:
         return StatCache.load(self._cache_path, self._store_id, self._epoch, str(self.root))
 
-    def scan(self, *, progress: Progress | None = None) -> tuple[ScanResult, list[object]]:
+    def scan(self, *, progress: Progress | None = None) -> tuple[ScanResult, list[BlobRow]]:
         """Snapshot the directory; returns the result and the blob rows still to commit."""
         writer = self.blobs.writer()
         scanner = Scanner(
@@ -66,11 +68,11 @@ class Workspace:
         result = scanner.run()
         pending = writer.take_pending()
         self._pending_cache = scanner.new
-        return result, list(pending)
+        return result, pending
 
     def save_cache(self) -> None:
         """Persist the stat cache of the last scan (call after its checkpoint committed)."""
-        cache = getattr(self, "_pending_cache", None)
+        cache = self._pending_cache
         if cache is not None and self._cache_path is not None:
             try:
                 cache.save(self._cache_path)
@@ -83,7 +85,7 @@ class Workspace:
 
     def verify_equals(self, target: bytes) -> None:
         """Re-scan and check the directory now matches ``target`` exactly."""
-        result, pending = self.scan()
+        result, _pending = self.scan()
         if result.tree != target:
             raise IntegrityError(
                 f"workspace {self.root} does not match the restored snapshot after restoring "

@@ -64,8 +64,8 @@ class StatCache:
             root,
         ):
             return cache
-        cache.files = dict(zip(disk.paths, disk.entries))
-        cache.dirs = dict(zip(disk.dirs, disk.dir_sigs))
+        cache.files = dict(zip(disk.paths, disk.entries, strict=False))
+        cache.dirs = dict(zip(disk.dirs, disk.dir_sigs, strict=False))
         return cache
 
     def save(self, path: Path) -> None:
