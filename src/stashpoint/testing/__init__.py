@@ -1,0 +1,1 @@
+"""Test helpers importable by third parties (e.g. the metadata-store conformance suite)."""
