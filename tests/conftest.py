@@ -31,7 +31,9 @@ def sp(tmp_path: Path) -> Iterator[object]:
     env.pop("STASHPOINT_SESSION", None)
     env["HOME"] = str(tmp_path)  # discovery stops at $HOME: keep it inside the test
 
-    def run(*args: str, cwd: Path | str | None = None, check: bool = True, input: str | None = None) -> Result:
+    def run(
+        *args: str, cwd: Path | str | None = None, check: bool = True, input: str | None = None
+    ) -> Result:
         proc = subprocess.run(
             [*STASHPOINT, *args],
             cwd=cwd,
@@ -43,7 +45,9 @@ def sp(tmp_path: Path) -> Iterator[object]:
         )
         res = Result(proc.returncode, proc.stdout, proc.stderr)
         if check and proc.returncode != 0:
-            raise AssertionError(f"stashpoint {' '.join(args)} exited {proc.returncode}:\n{proc.stderr}{proc.stdout}")
+            raise AssertionError(
+                f"stashpoint {' '.join(args)} exited {proc.returncode}:\n{proc.stderr}{proc.stdout}"
+            )
         return res
 
     yield run

@@ -17,7 +17,10 @@ from .conftest import snapshot_tree
 
 
 def _msgs(n: int) -> list[dict[str, str]]:
-    return [{"role": "user" if i % 2 else "assistant", "content": f"message {i} " * 40} for i in range(n)]
+    return [
+        {"role": "user" if i % 2 else "assistant", "content": f"message {i} " * 40}
+        for i in range(n)
+    ]
 
 
 def _db(store: stashpoint.Store) -> sqlite3.Connection:
@@ -90,7 +93,9 @@ def test_tampered_record_is_detected_and_last_good_offered(store: stashpoint.Sto
     b = run.checkpoint({"v": 2})
     db = _db(store)
     body = db.execute("SELECT body FROM checkpoints WHERE id=?", (b.id,)).fetchone()[0]
-    db.execute("UPDATE checkpoints SET body=? WHERE id=?", (body.replace(b'"step":2', b'"step":9'), b.id))
+    db.execute(
+        "UPDATE checkpoints SET body=? WHERE id=?", (body.replace(b'"step":2', b'"step":9'), b.id)
+    )
     db.commit()
     fresh = stashpoint.open(store.home)
     with pytest.raises(IntegrityError) as info:
@@ -244,7 +249,9 @@ def test_restore_never_follows_a_planted_symlink(tmp_path: Path, store: stashpoi
     assert not (ws / "d").is_symlink() and (ws / "d" / "f.txt").read_text() == "inside"
 
 
-def test_same_size_edit_with_restored_mtime_is_seen(tmp_path: Path, store: stashpoint.Store) -> None:
+def test_same_size_edit_with_restored_mtime_is_seen(
+    tmp_path: Path, store: stashpoint.Store
+) -> None:
     ws = tmp_path / "ws"
     ws.mkdir()
     f = ws / "f.txt"

@@ -125,21 +125,21 @@ class BlobWriter:
 
     def __init__(self, blobs: Blobs) -> None:
         self.blobs = blobs
-        self._pending: list[BlobRow] = []
+        self._pending: list[tuple[bytes, bytes]] = []  # (digest, raw data)
         self._pending_bytes = 0
         self._seen: set[bytes] = set()
+        self._chunk_lists: list[BlobRow] = []
         self.stored_bytes = 0
 
-    def add(self, data: bytes, digest: bytes | None = None, *, known: bool = False) -> bytes:
-        """Queue a small blob; returns its digest. ``known`` skips the existence check."""
+    def add(self, data: bytes, digest: bytes | None = None) -> bytes:
+        """Queue a small blob; returns its digest. Encoding waits until we know it is new."""
         if digest is None:
             digest = hashlib.sha256(data).digest()
-        if digest in self._seen or known:
+        if digest in self._seen:
             return digest
         self._seen.add(digest)
-        row = self.blobs.encode(digest, data)
-        self._pending.append(row)
-        self._pending_bytes += len(row.data)
+        self._pending.append((digest, data))
+        self._pending_bytes += len(data)
         if self._pending_bytes >= _FLUSH_BYTES:
             self.flush()
         return digest
@@ -174,9 +174,7 @@ class BlobWriter:
         digest = whole.digest()
         if digest not in self._seen:
             self._seen.add(digest)
-            row = BlobRow(digest, BlobCodec.CHUNKS, total, b"".join(chunks))
-            self._pending.append(row)
-            self._pending_bytes += len(row.data)
+            self._chunk_lists.append(BlobRow(digest, BlobCodec.CHUNKS, total, b"".join(chunks)))
         return digest, total
 
     def _put_chunk(self, piece: bytes) -> bytes:
@@ -194,29 +192,28 @@ class BlobWriter:
             self.stored_bytes += len(row.data)
         return digest
 
-    def drop_known(self) -> None:
-        """Forget queued blobs the store already has (checked in one query)."""
-        if not self._pending:
-            return
-        have = self.blobs.meta.has_blobs(r.digest for r in self._pending)
-        if have:
-            self._pending = [r for r in self._pending if r.digest not in have]
-            self._pending_bytes = sum(len(r.data) for r in self._pending)
+    def _encode_new(self) -> list[BlobRow]:
+        """Encode the queued blobs the store does not have yet (one existence query)."""
+        pending = self._pending
+        lists = self._chunk_lists
+        self._pending, self._chunk_lists, self._pending_bytes = [], [], 0
+        if not pending and not lists:
+            return []
+        have = self.blobs.meta.has_blobs([d for d, _ in pending] + [r.digest for r in lists])
+        rows = [self.blobs.encode(d, data) for d, data in pending if d not in have]
+        rows += [r for r in lists if r.digest not in have]
+        self.stored_bytes += sum(len(r.data) for r in rows)
+        return rows
 
     def flush(self) -> None:
-        self.drop_known()
-        if self._pending:
-            self.blobs.meta.put_blobs(self._pending)
-            self.stored_bytes += self._pending_bytes
-        self._pending = []
-        self._pending_bytes = 0
+        """Write queued blobs now, in their own transaction (large snapshots stream out)."""
+        rows = self._encode_new()
+        if rows:
+            self.blobs.meta.put_blobs(rows)
 
     def take_pending(self) -> list[BlobRow]:
         """Hand the queued rows to a checkpoint commit instead of writing them separately."""
-        self.drop_known()
-        rows, self._pending, self._pending_bytes = self._pending, [], 0
-        self.stored_bytes += sum(len(r.data) for r in rows)
-        return rows
+        return self._encode_new()
 
 
 def _read_all(fd: int, n: int) -> bytes:

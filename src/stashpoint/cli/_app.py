@@ -61,7 +61,17 @@ class Ctx:
         _url, root, link_session, link_branch = self.locate(create=create)
         store = self.store(create=create)
         name = self.session_name or link_session or "main"
-        workspace = root if files else None
+        workspace: Path | None = root
+        if not files:
+            # Read-only commands still bind the workspace when it is a sane root, so that a
+            # rewind a crash interrupted is completed by whatever command runs next.
+            from ..errors import UsageError
+            from ..workspace import check_root
+
+            try:
+                check_root(root, force=self.force)
+            except UsageError:
+                workspace = None
         branch = link_branch if (link_branch and name == link_session) else None
         return store.session(name, workspace=workspace, branch=branch, force=self.force)
 

@@ -23,7 +23,9 @@ from ..stores.base import BlobRow, CheckpointRow, Commit, LogAppend, LogInfo, Me
 __all__ = ["MetadataStoreConformance"]
 
 
-def _row(ident: str, parent: str | None = None, session: str = "s", branch: str = "main") -> CheckpointRow:
+def _row(
+    ident: str, parent: str | None = None, session: str = "s", branch: str = "main"
+) -> CheckpointRow:
     body = f"body-{ident}".encode()
     return CheckpointRow(ident, session, branch, parent, body, hashlib.sha256(body).hexdigest())
 

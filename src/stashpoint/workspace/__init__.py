@@ -67,7 +67,7 @@ class Workspace:
         )
         result = scanner.run()
         pending = writer.take_pending()
-        self._pending_cache = scanner.new
+        self._pending_cache = scanner.new if scanner.cache_changed else None
         return result, pending
 
     def save_cache(self) -> None:

@@ -72,6 +72,15 @@ class Scanner:
         self._racy_after = time.time_ns() - RACY_WINDOW_NS
         self._result = ScanResult(b"")
 
+    @property
+    def cache_changed(self) -> bool:
+        """Whether the new stat cache differs from the old one (else skip rewriting it)."""
+        return (
+            self._result.read_files > 0
+            or len(self.new.files) != len(self.old.files)
+            or self.new.dirs != self.old.dirs
+        )
+
     def run(self) -> ScanResult:
         try:
             digest, _n, _b = self._scan_dir(self.root, b"", IgnoreContext.root())
