@@ -13,7 +13,10 @@ from __future__ import annotations
 
 import hashlib
 import os
+import struct
+import threading
 from collections.abc import Iterable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from enum import IntEnum
 
 import zstandard
@@ -25,7 +28,7 @@ from .local import LocalBlobStore
 __all__ = ["CHUNK_SIZE", "BlobCodec", "BlobWriter", "Blobs"]
 
 CHUNK_SIZE = 1 << 20
-_FLUSH_BYTES = 8 << 20
+_FLUSH_BYTES = 32 << 20
 _MIN_SAVING = 0.9  # store raw unless zstd saves at least 10 %
 
 
@@ -34,25 +37,49 @@ class BlobCodec(IntEnum):
     ZSTD = 1
     CHUNKS = 2
     """Data is the concatenation of 32-byte chunk digests; content is their concatenation."""
+    PACKED = 3
+    """Data points into a pack file: inner codec (1 byte), offset (8), length (4), pack name."""
+
+
+_POINTER = struct.Struct(">BQI")
+_PACK_MIN_BYTES = 1 << 20  # smaller batches stay inline: one transaction beats an extra fsync
 
 
 class Blobs:
-    def __init__(self, meta: MetadataStore, local: LocalBlobStore | None, level: int = 3) -> None:
+    def __init__(self, meta: MetadataStore, local: LocalBlobStore | None, level: int = 1) -> None:
         self.meta = meta
         self.local = local
         self._level = level
-        self._cctx = zstandard.ZstdCompressor(level=level)
+        self._tls = threading.local()
         self._dctx = zstandard.ZstdDecompressor()
+        self._pool: ThreadPoolExecutor | None = None
+
+    def _cctx(self) -> zstandard.ZstdCompressor:
+        cctx = getattr(self._tls, "cctx", None)
+        if cctx is None:  # compressors are not thread-safe: one per thread
+            cctx = self._tls.cctx = zstandard.ZstdCompressor(level=self._level)
+        return cctx
+
+    def encode_many(self, items: list[tuple[bytes, bytes]]) -> list[BlobRow]:
+        """Encode blobs, compressing on two threads when there is enough work (zstd and the
+        hashing release the GIL, so this uses both cores on a first snapshot)."""
+        if len(items) < 64:
+            return [self.encode(d, data) for d, data in items]
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(max_workers=min(4, os.cpu_count() or 1))
+        return list(self._pool.map(lambda it: self.encode(*it), items, chunksize=32))
 
     # -- encoding -------------------------------------------------------------------------
     def encode(self, digest: bytes, data: bytes) -> BlobRow:
         if len(data) >= 64:
-            packed = self._cctx.compress(data)
+            packed = self._cctx().compress(data)
             if len(packed) < len(data) * _MIN_SAVING:
                 return BlobRow(digest, BlobCodec.ZSTD, len(data), packed)
         return BlobRow(digest, BlobCodec.RAW, len(data), data)
 
     def _decode(self, digest: bytes, codec: int, size: int, data: bytes) -> bytes:
+        if codec == BlobCodec.PACKED:
+            codec, data = self._unpack(digest, data)
         if codec == BlobCodec.RAW:
             out = data
         elif codec == BlobCodec.ZSTD:
@@ -65,6 +92,29 @@ class Blobs:
         if len(out) != size or hashlib.sha256(out).digest() != digest:
             raise IntegrityError(f"blob {digest.hex()} is corrupt: content does not match digest")
         return out
+
+    def _unpack(self, digest: bytes, pointer: bytes) -> tuple[int, bytes]:
+        if self.local is None or len(pointer) < _POINTER.size:
+            raise IntegrityError(f"blob {digest.hex()} points into a pack that is not here")
+        codec, offset, length = _POINTER.unpack_from(pointer)
+        if codec not in (BlobCodec.RAW, BlobCodec.ZSTD):
+            raise IntegrityError(f"blob {digest.hex()} has a bad pack pointer")
+        name = pointer[_POINTER.size :].decode("ascii", "replace")
+        return codec, self.local.read_packed(name, offset, length)
+
+    def pack(self, rows: list[BlobRow]) -> list[BlobRow]:
+        """Move a large batch of encoded rows into one pack file; returns pointer rows."""
+        if self.local is None or sum(len(r.data) for r in rows) < _PACK_MIN_BYTES:
+            return rows
+        from .._ids import new_id
+
+        name = new_id()
+        spans = self.local.write_pack(name, [r.data for r in rows])
+        suffix = name.encode("ascii")
+        return [
+            BlobRow(r.digest, BlobCodec.PACKED, r.size, _POINTER.pack(r.codec, off, n) + suffix)
+            for r, (off, n) in zip(rows, spans, strict=True)
+        ]
 
     # -- reading --------------------------------------------------------------------------
     def _fetch(self, digest: bytes) -> tuple[int, int, bytes]:
@@ -200,9 +250,10 @@ class BlobWriter:
         if not pending and not lists:
             return []
         have = self.blobs.meta.has_blobs([d for d, _ in pending] + [r.digest for r in lists])
-        rows = [self.blobs.encode(d, data) for d, data in pending if d not in have]
-        rows += [r for r in lists if r.digest not in have]
+        rows = self.blobs.encode_many([(d, data) for d, data in pending if d not in have])
         self.stored_bytes += sum(len(r.data) for r in rows)
+        rows = self.blobs.pack(rows)
+        rows += [r for r in lists if r.digest not in have]
         return rows
 
     def flush(self) -> None:

@@ -30,6 +30,13 @@ from .statcache import RACY_WINDOW_NS, StatCache
 __all__ = ["ScanResult", "Scanner", "encode_tree"]
 
 _tree_encoder = msgspec.msgpack.Encoder()
+_TMP = TMP_MARK.encode()
+
+
+def _by_name(entry: TreeEntry) -> bytes:
+    return entry.name
+
+
 _MAX_RETRIES = 5
 
 Progress = Callable[[int, int], None]
@@ -79,11 +86,13 @@ class Scanner:
             self._result.read_files > 0
             or len(self.new.files) != len(self.old.files)
             or self.new.dirs != self.old.dirs
+            or self.new.trees != self.old.trees
         )
 
     def run(self) -> ScanResult:
         try:
-            digest, _n, _b = self._scan_dir(self.root, b"", IgnoreContext.root())
+            root_st = os.stat(self.root)
+            digest, _n, _b, _c = self._scan_dir(self.root, b"", IgnoreContext.root(), root_st)
         except OSError as exc:
             raise StashpointError(
                 f"snapshot failed at {os.fsdecode(exc.filename or self.root)}: {exc.strerror}"
@@ -91,7 +100,10 @@ class Scanner:
         self._result.tree = digest
         return self._result
 
-    def _scan_dir(self, path: bytes, rel: bytes, ctx: IgnoreContext) -> tuple[bytes, int, int]:
+    def _scan_dir(
+        self, path: bytes, rel: bytes, ctx: IgnoreContext, dst: os.stat_result
+    ) -> tuple[bytes, int, int, bool]:
+        """(tree digest, files, bytes, changed since the cached scan)."""
         with os.scandir(path) as it:
             listing = list(it)
         texts = []
@@ -103,11 +115,18 @@ class Scanner:
         old = self.old
         trusted = ctx.empty or old.dirs.get(rel) == ctx.signature
         self.new.dirs[rel] = ctx.signature
+        # The directory's tree can be reused without re-encoding when its listing cannot have
+        # changed (same mtime/ctime/inode, not racy), the ignore rules are the same, no file in
+        # it had to be read and no subdirectory changed.
+        dkey = (dst.st_mtime_ns, dst.st_ctime_ns, dst.st_ino, ctx.signature)
+        cached = old.trees.get(rel)
+        reusable = cached is not None and cached[:4] == dkey
+        reads_before = self._result.read_files
         entries: list[TreeEntry] = []
         nfiles = nbytes = 0
         for e in listing:
             name = e.name
-            if name in ALWAYS_EXCLUDED or name.startswith(TMP_MARK.encode()):
+            if name in ALWAYS_EXCLUDED or name.startswith(_TMP):
                 continue
             crel = rel + b"/" + name if rel else name
             try:
@@ -120,7 +139,8 @@ class Scanner:
                     continue
                 if not (trusted and crel in old.dirs) and ctx.ignored(crel, True):
                     continue
-                sub, n, b = self._scan_dir(e.path, crel, ctx)
+                sub, n, b, changed = self._scan_dir(e.path, crel, ctx, st)
+                reusable = reusable and not changed
                 entries.append(TreeEntry(name, "d", mode & 0o7777, 0, sub))
                 nfiles += n
                 nbytes += b
@@ -136,15 +156,21 @@ class Scanner:
                 target = os.readlink(e.path)
                 entries.append(TreeEntry(name, "l", 0o777, len(target), target))
                 nfiles += 1
+                reusable = False  # links are not in the stat cache: always re-encode
             else:
                 self._result.skipped.append(os.fsdecode(crel))
-        entries.sort(key=lambda t: t.name)
+        if rel == b"":
+            self._result.files, self._result.bytes = nfiles, nbytes
+        if reusable and cached is not None and self._result.read_files == reads_before:
+            self.new.trees[rel] = cached
+            return cached[4], nfiles, nbytes, False
+        entries.sort(key=_by_name)
         data = encode_tree(entries)
         digest = hashlib.sha256(data).digest()
         self.writer.add(data, digest)
-        if rel == b"":
-            self._result.files, self._result.bytes = nfiles, nbytes
-        return digest, nfiles, nbytes
+        if dst.st_mtime_ns < self._racy_after:
+            self.new.trees[rel] = (*dkey, digest)
+        return digest, nfiles, nbytes, cached is None or cached[4] != digest
 
     def _file_digest(self, path: bytes, rel: bytes, st: os.stat_result) -> tuple[bytes, int]:
         key = (st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino, st.st_mode)

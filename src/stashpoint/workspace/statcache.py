@@ -22,7 +22,7 @@ from .._fsutil import atomic_write
 __all__ = ["RACY_WINDOW_NS", "StatCache", "StatKey"]
 
 RACY_WINDOW_NS = 50_000_000
-_VERSION = 1
+_VERSION = 2
 
 StatKey = tuple[int, int, int, int, int]
 """(size, mtime_ns, ctime_ns, inode, st_mode)"""
@@ -37,6 +37,8 @@ class _Disk(msgspec.Struct, array_like=True):
     entries: list[tuple[int, int, int, int, int, bytes]]
     dirs: list[bytes]
     dir_sigs: list[bytes]
+    tree_dirs: list[bytes]
+    trees: list[tuple[int, int, int, bytes, bytes]]
 
 
 class StatCache:
@@ -47,6 +49,8 @@ class StatCache:
         self.files: dict[bytes, tuple[int, int, int, int, int, bytes]] = {}
         self.dirs: dict[bytes, bytes] = {}
         """Directory relpath -> signature of the ignore rules it was scanned under."""
+        self.trees: dict[bytes, tuple[int, int, int, bytes, bytes]] = {}
+        """Directory relpath -> (mtime_ns, ctime_ns, inode, ignore signature, tree digest)."""
 
     @classmethod
     def load(cls, path: Path | None, store_id: str, epoch: str, root: str) -> StatCache:
@@ -66,6 +70,7 @@ class StatCache:
             return cache
         cache.files = dict(zip(disk.paths, disk.entries, strict=False))
         cache.dirs = dict(zip(disk.dirs, disk.dir_sigs, strict=False))
+        cache.trees = dict(zip(disk.tree_dirs, disk.trees, strict=False))
         return cache
 
     def save(self, path: Path) -> None:
@@ -78,6 +83,8 @@ class StatCache:
             list(self.files.values()),
             list(self.dirs),
             list(self.dirs.values()),
+            list(self.trees),
+            list(self.trees.values()),
         )
         path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
         # Not fsynced: losing the cache costs a re-hash, never a wrong snapshot.
