@@ -492,7 +492,7 @@ class Session:
                 current = bytes.fromhex(safety.workspace.tree)
             want = bytes.fromhex(target.workspace.tree)
             stats = self.workspace.restore(current, want)
-            self.workspace.verify_equals(want)
+            self.workspace.verify_equals(want, stats.kept_dirs)
         if files and state:
             current_head = self.store.meta.get_head(self.name, self.branch)
             if current_head != target.id:
@@ -609,8 +609,8 @@ class Session:
         if self.workspace is not None and target.workspace is not None:
             assert safety is not None and safety.workspace is not None
             want = bytes.fromhex(target.workspace.tree)
-            self.workspace.restore(bytes.fromhex(safety.workspace.tree), want)
-            self.workspace.verify_equals(want)
+            stats = self.workspace.restore(bytes.fromhex(safety.workspace.tree), want)
+            self.workspace.verify_equals(want, stats.kept_dirs)
         self._set_checkout(branch)
         return self
 

@@ -328,7 +328,9 @@ def rewind(ctx: Ctx, ref: str, files_only: bool, state_only: bool) -> None:
         "target": _cp_json(session, result.target),
         "safety": _cp_json(session, result.safety),
         "head": _cp_json(session, result.head),
-        "files": None if stats is None else vars(stats),
+        "files": None
+        if stats is None
+        else {**vars(stats), "kept_dirs": [os.fsdecode(p) for p in stats.kept_dirs]},
     }
     changed = (
         f"{stats.written} written, {stats.deleted} deleted" if stats is not None else "no files"

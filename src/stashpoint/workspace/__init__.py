@@ -99,10 +99,27 @@ class Workspace:
         stats = Restorer(self.reader).apply(os.fsencode(self.root), current, target)
         return stats
 
-    def verify_equals(self, target: bytes) -> None:
-        """Re-scan and check the directory now matches ``target`` exactly."""
-        result, _pending = self.scan()
-        if result.tree != target:
+    def verify_equals(self, target: bytes, kept_dirs: list[bytes] | None = None) -> None:
+        """Re-scan and check the directory now matches ``target``.
+
+        The only difference allowed is ``kept_dirs``: directories the restore could not remove
+        because they hold ignored files (which it never touches).
+        """
+        result, pending = self.scan()
+        if pending:
+            self.blobs.meta.put_blobs(pending)
+        allowed = set(kept_dirs or ())
+        extra = [
+            c
+            for c in self.reader.diff(target, result.tree)
+            if not (
+                c.status == "added"
+                and c.new is not None
+                and c.new.kind == "d"
+                and (c.path in allowed or c.path.rpartition(b"/")[0] in allowed)
+            )
+        ]
+        if extra:
             raise IntegrityError(
                 f"workspace {self.root} does not match the restored snapshot after restoring "
                 "(was it modified while the restore ran?); run the command again"

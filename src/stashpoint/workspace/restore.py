@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import errno
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from .._fsutil import TMP_MARK
 from ..errors import StashpointError
@@ -34,8 +34,8 @@ class RestoreStats:
     deleted: int = 0
     dirs_created: int = 0
     modes: int = 0
-    kept_dirs: int = 0
-    """Directories not removed because they hold ignored files."""
+    kept_dirs: list[bytes] = field(default_factory=list)
+    """Directories not removed because they hold ignored files (relative paths)."""
 
 
 class Restorer:
@@ -48,7 +48,7 @@ class Restorer:
         """Turn ``root`` (whose content is tree ``current``) into tree ``target``."""
         fd = os.open(root, _DIR_FLAGS)
         try:
-            self._sync(fd, current, target)
+            self._sync(fd, current, target, b"")
         except OSError as exc:
             raise StashpointError(
                 f"restore failed at {os.fsdecode(exc.filename or b'?')}: {exc.strerror}; "
@@ -58,28 +58,29 @@ class Restorer:
             os.close(fd)
         return self.stats
 
-    def _sync(self, dfd: int, current: bytes | None, target: bytes | None) -> None:
+    def _sync(self, dfd: int, current: bytes | None, target: bytes | None, rel: bytes) -> None:
         if current == target:
             return
         cur = self.reader.load(current) if current is not None else {}
         tgt = self.reader.load(target) if target is not None else {}
         for name in sorted(cur.keys() | tgt.keys()):
             c, t = cur.get(name), tgt.get(name)
+            crel = rel + b"/" + name if rel else name
             if not validate_name(name):  # pragma: no cover - TreeReader already refuses these
                 raise StashpointError(f"refusing unsafe name {name!r}")
             if t is None:
                 assert c is not None
-                self._remove(dfd, name, c)
+                self._remove(dfd, name, c, crel)
             elif c is None:
-                self._create(dfd, name, t)
+                self._create(dfd, name, t, crel)
             elif c.kind != t.kind:
-                self._remove(dfd, name, c)
-                self._create(dfd, name, t)
+                self._remove(dfd, name, c, crel)
+                self._create(dfd, name, t, crel)
             elif t.kind == "d":
                 if c.ref != t.ref:
                     sub = os.open(name, _DIR_FLAGS, dir_fd=dfd)
                     try:
-                        self._sync(sub, c.ref, t.ref)
+                        self._sync(sub, c.ref, t.ref, crel)
                     finally:
                         os.close(sub)
                 if c.mode != t.mode:
@@ -92,7 +93,7 @@ class Restorer:
             elif c.ref != t.ref:
                 self._write_link(dfd, name, t)
 
-    def _remove(self, dfd: int, name: bytes, entry: TreeEntry) -> None:
+    def _remove(self, dfd: int, name: bytes, entry: TreeEntry, rel: bytes) -> None:
         if entry.kind == "d":
             try:
                 sub = os.open(name, _DIR_FLAGS, dir_fd=dfd)
@@ -100,7 +101,7 @@ class Restorer:
                 return
             try:
                 os.fchmod(sub, 0o700)  # a read-only directory must still be emptied
-                self._sync(sub, entry.ref, None)
+                self._sync(sub, entry.ref, None, rel)
             finally:
                 os.close(sub)
             try:
@@ -109,7 +110,7 @@ class Restorer:
             except OSError as exc:
                 if exc.errno not in (errno.ENOTEMPTY, errno.EEXIST):
                     raise
-                self.stats.kept_dirs += 1  # holds ignored files: never touched
+                self.stats.kept_dirs.append(rel)  # holds ignored files: never touched
             return
         try:
             os.unlink(name, dir_fd=dfd)
@@ -117,7 +118,7 @@ class Restorer:
         except FileNotFoundError:
             pass
 
-    def _create(self, dfd: int, name: bytes, entry: TreeEntry) -> None:
+    def _create(self, dfd: int, name: bytes, entry: TreeEntry, rel: bytes) -> None:
         if entry.kind == "f":
             self._write_file(dfd, name, entry)
         elif entry.kind == "l":
@@ -130,7 +131,7 @@ class Restorer:
                 pass
             sub = os.open(name, _DIR_FLAGS, dir_fd=dfd)
             try:
-                self._sync(sub, None, entry.ref)
+                self._sync(sub, None, entry.ref, rel)
                 os.fchmod(sub, entry.mode)
             finally:
                 os.close(sub)

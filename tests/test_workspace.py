@@ -1,0 +1,132 @@
+"""Workspace scanning and restoring: ignore rules, exclusions and hostile trees."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from pathlib import Path
+
+import pytest
+
+import stashpoint
+from stashpoint.errors import IntegrityError
+from stashpoint.model import TreeEntry
+from stashpoint.stores.base import BlobRow
+from stashpoint.workspace.scan import encode_tree
+
+from .conftest import snapshot_tree
+
+
+def _paths(store: stashpoint.Store, cp: stashpoint.Checkpoint) -> set[str]:
+    from stashpoint.workspace.tree import TreeReader
+
+    assert cp.workspace is not None
+    reader = TreeReader(store.blobs)
+    return {os.fsdecode(p) for p, _e in reader.walk(bytes.fromhex(cp.workspace.tree))}
+
+
+def test_ignore_rules_nested_negation_and_always_excluded(
+    tmp_path: Path, store: stashpoint.Store
+) -> None:
+    ws = tmp_path / "ws"
+    (ws / "logs").mkdir(parents=True)
+    (ws / ".gitignore").write_text("*.log\nbuild/\n")
+    (ws / "logs" / ".gitignore").write_text("!keep.log\n")
+    (ws / "logs" / "keep.log").write_text("k")
+    (ws / "logs" / "drop.log").write_text("d")
+    (ws / "build").mkdir()
+    (ws / "build" / "out.o").write_text("o")
+    (ws / ".stashpointignore").write_text("secret.txt\n")
+    (ws / "secret.txt").write_text("s")
+    (ws / "sub" / "nested" / ".git").mkdir(parents=True)
+    (ws / "sub" / "nested" / ".git" / "HEAD").write_text("ref")
+    (ws / "sub" / "nested" / "code.py").write_text("c")
+    cp = store.session("s", workspace=ws).checkpoint()
+    assert _paths(store, cp) == {
+        ".gitignore",
+        ".stashpointignore",
+        "logs",
+        "logs/.gitignore",
+        "logs/keep.log",
+        "sub",
+        "sub/nested",
+        "sub/nested/code.py",
+    }
+
+
+def test_rewind_never_touches_ignored_paths(tmp_path: Path, store: stashpoint.Store) -> None:
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    (ws / ".gitignore").write_text("*.tmp\n")
+    run = store.session("s", workspace=ws)
+    cp = run.checkpoint()
+    (ws / "d").mkdir()
+    (ws / "d" / "tracked.txt").write_text("t")
+    (ws / "d" / "scratch.tmp").write_text("keep me")
+    (ws / "top.tmp").write_text("keep me too")
+    run.checkpoint()
+    run.rewind(cp.id)
+    assert not (ws / "d" / "tracked.txt").exists()
+    assert (ws / "d" / "scratch.tmp").read_text() == "keep me"  # dir kept for the ignored file
+    assert (ws / "top.tmp").read_text() == "keep me too"
+
+
+def test_changes_are_seen_on_every_snapshot(tmp_path: Path, store: stashpoint.Store) -> None:
+    """The stat cache and tree reuse never hide a change, however quick."""
+    ws = tmp_path / "ws"
+    (ws / "a" / "b").mkdir(parents=True)
+    f = ws / "a" / "b" / "f.txt"
+    run = store.session("s", workspace=ws)
+    for i in range(30):
+        f.write_text(f"version {i:03d}")  # same size every time, often within one tick
+        if i % 3 == 0:
+            (ws / "a" / f"n{i}").write_text("x")
+        if i % 5 == 0 and (ws / "a" / f"n{i - 3}").exists():
+            (ws / "a" / f"n{i - 3}").unlink()
+        before = snapshot_tree(ws)
+        cp = run.checkpoint()
+        out = tmp_path / f"check{i}"
+        run.fork(cp.id, f"b{i}", into=out)
+        after = snapshot_tree(out)
+        after.pop(".stashpoint", None)
+        assert after == before, f"snapshot {i} missed a change"
+
+
+def test_hostile_tree_is_refused_before_writing(tmp_path: Path, store: stashpoint.Store) -> None:
+    target, outside = tmp_path / "target", tmp_path / "evil"
+    target.mkdir()
+    payload = b"pwned"
+    blob = hashlib.sha256(payload).digest()
+    for name in (b"../evil", b"..", b"a/b", b""):
+        tree = encode_tree([TreeEntry(name, "f", 0o644, len(payload), blob)])
+        digest = hashlib.sha256(tree).digest()
+        store.meta.put_blobs(
+            [BlobRow(blob, 0, len(payload), payload), BlobRow(digest, 0, len(tree), tree)]
+        )
+        ws = store.session("s", workspace=target).workspace
+        assert ws is not None
+        with pytest.raises(IntegrityError):
+            ws.restore(None, digest)
+    assert not outside.exists() and list(target.iterdir()) == []
+
+
+def test_corrupt_blob_fails_restore_cleanly(tmp_path: Path, store: stashpoint.Store) -> None:
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    (ws / "f.txt").write_text("original content " * 10)
+    run = store.session("s", workspace=ws)
+    cp = run.checkpoint()
+    digest = hashlib.sha256(("original content " * 10).encode()).digest()
+    row = store.meta.get_blob(digest)
+    assert row is not None
+    import sqlite3
+
+    assert store.home is not None
+    db = sqlite3.connect(store.home / "store.db")
+    db.execute("UPDATE blobs SET data=? WHERE digest=?", (row.data[:-1] + b"X", digest))
+    db.commit()
+    (ws / "f.txt").write_text("newer work")
+    with pytest.raises((IntegrityError, stashpoint.StashpointError)):
+        stashpoint.open(store.home).session("s", workspace=ws).rewind(cp.id)
+    assert (ws / "f.txt").read_text() == "newer work"
+    assert [p.name for p in ws.iterdir()] == ["f.txt"], "no temp files left behind"
