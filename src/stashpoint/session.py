@@ -463,11 +463,24 @@ class Session:
             raise UsageError("this session has no workspace directory to restore files into")
         self._warn_if_foreign(target)
         safety = self.checkpoint(kind="pre-rewind", message=f"before rewind to {target.id}")
+        journal = self._journal(target, safety, files=files, state=state)
+        return self._finish_rewind(journal, safety, rescan=False)
+
+    def _journal(
+        self,
+        target: Checkpoint,
+        safety: Checkpoint | None,
+        *,
+        branch: str | None = None,
+        files: bool = True,
+        state: bool = True,
+    ) -> dict[str, Any]:
+        """Record, durably and before touching any file, what a restore is going to do."""
         journal = {
             "session": self.name,
-            "branch": self.branch,
+            "branch": branch or self.branch,
             "target": target.id,
-            "safety": safety.id,
+            "safety": safety.id if safety else None,
             "files": files,
             "state": state,
             "result": new_id(),
@@ -475,17 +488,17 @@ class Session:
         key = self._journal_key()
         if key is not None:
             self.store.meta.set_meta(key, json.dumps(journal))
-        return self._finish_rewind(journal, safety, rescan=False)
+        return journal
 
     def _finish_rewind(
-        self, journal: dict[str, Any], safety: Checkpoint, *, rescan: bool
+        self, journal: dict[str, Any], safety: Checkpoint | None, *, rescan: bool
     ) -> RewindResult:
         target = self.store.get(journal["target"])
         files, state = bool(journal["files"]), bool(journal["state"])
         stats = None
         if files and self.workspace is not None and target.workspace is not None:
-            assert safety.workspace is not None
-            if rescan:  # recovering: the directory may be half-restored
+            if rescan or safety is None or safety.workspace is None:
+                # recovering (the directory may be half-restored), or materialising a fork
                 self.workspace.clean_temp_files()
                 current = self._current_tree()
             else:
@@ -500,11 +513,12 @@ class Session:
             self._head_loaded = False
             head = self.store.get(target.id)
         else:
+            assert safety is not None, "partial rewinds always take a safety checkpoint"
             head = self._compose(journal, target, safety)
         key = self._journal_key()
         if key is not None:
             self.store.meta.set_meta(key, None)
-        return RewindResult(target, safety, head, stats)
+        return RewindResult(target, safety or head, head, stats)
 
     def _current_tree(self) -> bytes:
         assert self.workspace is not None
@@ -562,7 +576,8 @@ class Session:
         saved_branch = self.branch
         self.branch = journal["branch"]
         try:
-            self._finish_rewind(journal, self.store.get(journal["safety"]), rescan=True)
+            safety = self.store.get(journal["safety"]) if journal.get("safety") else None
+            self._finish_rewind(journal, safety, rescan=True)
         finally:
             self.branch = saved_branch
             self._head_loaded = False
@@ -595,23 +610,21 @@ class Session:
             self.store.meta.set_head(self.name, branch, target.id, None)
             other = Session(self.store, self.name, workspace=dest, branch=branch, force=True)
             other.schema_version, other.config_hash = self.schema_version, self.config_hash
-            if target.workspace is not None and other.workspace is not None:
-                other.workspace.restore(None, bytes.fromhex(target.workspace.tree))
-                other.workspace.verify_equals(bytes.fromhex(target.workspace.tree))
             other._set_checkout(branch)
+            # Journal first, then the link file: a crash while materialising is completed by
+            # the next stashpoint command run inside the new directory.
+            journal = other._journal(target, None, branch=branch)
             self._write_link_file(dest, branch)
+            other._finish_rewind(journal, None, rescan=True)
             return other
         safety = None
         if self.workspace is not None and target.workspace is not None:
             safety = self.checkpoint(kind="pre-rewind", message=f"before fork to {branch}")
         self.store.meta.set_head(self.name, branch, target.id, None)
-        self.branch, self._head_loaded = branch, False
-        if self.workspace is not None and target.workspace is not None:
-            assert safety is not None and safety.workspace is not None
-            want = bytes.fromhex(target.workspace.tree)
-            stats = self.workspace.restore(bytes.fromhex(safety.workspace.tree), want)
-            self.workspace.verify_equals(want, stats.kept_dirs)
         self._set_checkout(branch)
+        journal = self._journal(target, safety, branch=branch)
+        self.branch, self._head_loaded = branch, False
+        self._finish_rewind(journal, safety, rescan=False)
         return self
 
     def _write_link_file(self, dest: Path, branch: str) -> None:
