@@ -426,6 +426,13 @@ class Session:
     def _common_prefix(
         self, head: Checkpoint | None, parent: ConversationRef | None, msgs: list[Any]
     ) -> int:
+        """How many leading messages equal the parent's conversation.
+
+        Compared against the list as it was last checkpointed, by identity first and then
+        by value, in C (``list ==``), so the per-step cost stays flat as the conversation
+        grows. Messages are treated as immutable once checkpointed: to change history,
+        replace a message object rather than mutating it in place.
+        """
         if parent is None or head is None:
             return 0
         known = self._conv_objs
@@ -433,11 +440,13 @@ class Session:
             known = self._load_messages(parent)
             self._conv_objs = known
         n = min(len(known), len(msgs))
+        if msgs[:n] == known[:n]:
+            return n
         for i in range(n):
             a, b = known[i], msgs[i]
             if a is not b and a != b:
                 return i
-        return n
+        return n  # pragma: no cover - the slice comparison above said they differ
 
     def label(self, ref: str, label: str | None) -> Checkpoint:
         cp = self.get(ref)

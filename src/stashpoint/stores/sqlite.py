@@ -283,10 +283,18 @@ def _cas_head(
 def _apply_commit(db: sqlite3.Connection, c: Commit) -> None:
     row = c.row
     if c.move_head:
-        current = db.execute(
-            "SELECT checkpoint FROM heads WHERE session=? AND branch=?", (row.session, row.branch)
-        ).fetchone()
-        if (current[0] if current else None) != c.expected_head:
+        # The compare-and-set is the UPDATE's WHERE clause: one statement, no extra read.
+        if c.expected_head is None:
+            cur = db.execute(
+                "INSERT OR IGNORE INTO heads(session, branch, checkpoint) VALUES (?,?,?)",
+                (row.session, row.branch, row.id),
+            )
+        else:
+            cur = db.execute(
+                "UPDATE heads SET checkpoint=? WHERE session=? AND branch=? AND checkpoint=?",
+                (row.id, row.session, row.branch, c.expected_head),
+            )
+        if cur.rowcount != 1:
             raise ConflictError(
                 f"branch {row.branch!r} of session {row.session!r} moved; "
                 "another writer checkpointed first"
@@ -312,8 +320,3 @@ def _apply_commit(db: sqlite3.Connection, c: Commit) -> None:
         "INSERT INTO checkpoints(id, session, branch, parent, body, digest) VALUES (?,?,?,?,?,?)",
         row,
     )
-    if c.move_head:
-        db.execute(
-            "INSERT OR REPLACE INTO heads(session, branch, checkpoint) VALUES (?,?,?)",
-            (row.session, row.branch, row.id),
-        )
