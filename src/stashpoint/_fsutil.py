@@ -44,3 +44,40 @@ def atomic_write(path: Path, data: bytes, *, mode: int = 0o600, durable: bool = 
     os.replace(tmp, path)
     if durable:
         fsync_dir(path.parent)
+
+
+def sweep_temp_files(root: Path, *, recursive: bool = True) -> int:
+    """Remove temp files left by writers that died (kill -9) before renaming them.
+
+    A temp file's name ends in the writer's pid; files of live processes are left alone, so
+    this is safe to run while other processes write.
+    """
+    removed = 0
+    if not root.is_dir():
+        return 0
+    walker = os.walk(root) if recursive else [(str(root), [], os.listdir(root))]
+    for dirpath, _dirs, files in walker:
+        for name in files:
+            if not name.startswith(TMP_MARK):
+                continue
+            pid_text = name.rsplit(".", 1)[-1]
+            if pid_text.isdigit() and _alive(int(pid_text)):
+                continue
+            try:
+                os.unlink(os.path.join(dirpath, name))
+                removed += 1
+            except FileNotFoundError:
+                pass
+    return removed
+
+
+def _alive(pid: int) -> bool:
+    if pid == os.getpid():
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ._fsutil import sweep_temp_files
 from .blobs.local import LocalBlobStore
 from .blobs.objects import Blobs
 from .errors import IntegrityError, NotFoundError, StoreError, UsageError
@@ -189,8 +190,12 @@ def open_store(url: str | os.PathLike[str] | None = None, *, key: bytes | None =
         db, home = path / _DB_NAME, path
     try:
         home.mkdir(mode=0o700, parents=True, exist_ok=True)
+        # Cheap places only; `verify` sweeps the whole blob directory.
+        sweep_temp_files(home, recursive=False)
+        sweep_temp_files(home / "cache", recursive=False)
+        sweep_temp_files(home / "blobs" / "packs", recursive=False)
     except OSError as exc:
-        raise StoreError(f"cannot create store directory {home}: {exc.strerror}") from exc
+        raise StoreError(f"cannot open store directory {home}: {exc.strerror}") from exc
     return Store(SqliteStore(db), blob_dir=home / "blobs", home=home.resolve(), key=key)
 
 

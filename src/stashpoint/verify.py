@@ -11,6 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from ._fsutil import sweep_temp_files
 from ._store import Problem, Store
 from .errors import IntegrityError, NotFoundError, StashpointError
 from .integrity import EMPTY_CHAIN, message_chain
@@ -208,4 +209,6 @@ class _Verifier:
 
 
 def verify_store(store: Store, progress: Callable[[int, int], None] | None = None) -> VerifyReport:
+    if store.home is not None:
+        sweep_temp_files(store.home)  # leftovers of writers killed mid-write are not damage
     return _Verifier(store, progress).run()
