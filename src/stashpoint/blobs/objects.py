@@ -16,7 +16,7 @@ import os
 import struct
 import threading
 from collections.abc import Iterable, Iterator
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from enum import IntEnum
 
 import zstandard
@@ -29,6 +29,7 @@ __all__ = ["CHUNK_SIZE", "BlobCodec", "BlobWriter", "Blobs"]
 
 CHUNK_SIZE = 1 << 20
 _FLUSH_BYTES = 32 << 20
+_EAGER_BYTES = 2048  # blobs at least this big are compressed in the background
 _MIN_SAVING = 0.9  # store raw unless zstd saves at least 10 %
 
 
@@ -60,14 +61,15 @@ class Blobs:
             cctx = self._tls.cctx = zstandard.ZstdCompressor(level=self._level)
         return cctx
 
-    def encode_many(self, items: list[tuple[bytes, bytes]]) -> list[BlobRow]:
-        """Encode blobs, compressing on two threads when there is enough work (zstd and the
-        hashing release the GIL, so this uses both cores on a first snapshot)."""
-        if len(items) < 64:
-            return [self.encode(d, data) for d, data in items]
+    def encode_later(self, digest: bytes, data: bytes) -> Future[BlobRow]:
+        """Compress on a worker thread while the caller goes on reading and hashing files.
+
+        zstd releases the GIL, so a first snapshot keeps both cores busy: one walking,
+        reading and hashing, the other compressing (wall time ~ the larger of the two).
+        """
         if self._pool is None:
-            self._pool = ThreadPoolExecutor(max_workers=min(4, os.cpu_count() or 1))
-        return list(self._pool.map(lambda it: self.encode(*it), items, chunksize=32))
+            self._pool = ThreadPoolExecutor(max_workers=max(1, min(4, os.cpu_count() or 1)))
+        return self._pool.submit(self.encode, digest, data)
 
     # -- encoding -------------------------------------------------------------------------
     def encode(self, digest: bytes, data: bytes) -> BlobRow:
@@ -175,7 +177,7 @@ class BlobWriter:
 
     def __init__(self, blobs: Blobs) -> None:
         self.blobs = blobs
-        self._pending: list[tuple[bytes, bytes]] = []  # (digest, raw data)
+        self._pending: list[tuple[bytes, bytes, Future[BlobRow] | None]] = []
         self._pending_bytes = 0
         self._seen: set[bytes] = set()
         self._chunk_lists: list[BlobRow] = []
@@ -188,7 +190,8 @@ class BlobWriter:
         if digest in self._seen:
             return digest
         self._seen.add(digest)
-        self._pending.append((digest, data))
+        job = self.blobs.encode_later(digest, data) if len(data) >= _EAGER_BYTES else None
+        self._pending.append((digest, data, job))
         self._pending_bytes += len(data)
         if self._pending_bytes >= _FLUSH_BYTES:
             self.flush()
@@ -249,8 +252,12 @@ class BlobWriter:
         self._pending, self._chunk_lists, self._pending_bytes = [], [], 0
         if not pending and not lists:
             return []
-        have = self.blobs.meta.has_blobs([d for d, _ in pending] + [r.digest for r in lists])
-        rows = self.blobs.encode_many([(d, data) for d, data in pending if d not in have])
+        have = self.blobs.meta.has_blobs([d for d, _, _ in pending] + [r.digest for r in lists])
+        rows = [
+            job.result() if job is not None else self.blobs.encode(d, data)
+            for d, data, job in pending
+            if d not in have
+        ]
         self.stored_bytes += sum(len(r.data) for r in rows)
         rows = self.blobs.pack(rows)
         rows += [r for r in lists if r.digest not in have]
