@@ -109,11 +109,19 @@ class Store:
                         checkpoint=ident,
                     )
         except IntegrityError as exc:
+            raise self.with_last_good(exc, row) from None
+        return cp
+
+    def with_last_good(self, exc: IntegrityError, row: CheckpointRow) -> IntegrityError:
+        """Name the newest intact ancestor in an integrity error, so callers can offer it."""
+        if exc.last_good is None:
             exc.last_good = self.last_good(row)
             if exc.last_good:
-                exc.args = (f"{exc.args[0]}; the newest intact ancestor is {exc.last_good}",)
-            raise
-        return cp
+                exc.args = (
+                    f"{exc.args[0]}; the newest intact ancestor is {exc.last_good} "
+                    f"(stashpoint rewind {exc.last_good})",
+                )
+        return exc
 
     def last_good(self, row: CheckpointRow) -> str | None:
         """Newest ancestor of a damaged record that still verifies (walking index columns)."""

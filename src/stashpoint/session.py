@@ -24,7 +24,7 @@ import msgspec
 from . import serde
 from ._ids import new_id
 from ._store import Store, config_hash
-from .errors import ConflictError, IntegrityError, NotFoundError, UsageError
+from .errors import ConflictError, IntegrityError, NotFoundError, StashpointError, UsageError
 from .integrity import EMPTY_CHAIN, message_chain
 from .model import KINDS, Checkpoint, ConversationRef, StateRef, WorkspaceRef, utc_now_iso
 from .stores.base import BlobRow, CheckpointRow, Commit, LogAppend, LogInfo
@@ -172,8 +172,11 @@ class Session:
         """Full id from an id, unique prefix, label, ``HEAD`` or ``HEAD~N``."""
         upper = ref.upper()
         if upper == "HEAD" or upper.startswith("HEAD~"):
+            steps = upper[5:]
+            if steps and not steps.isdigit():
+                raise UsageError(f"bad reference {ref!r}: use HEAD~N with a number N")
             cp = self.head
-            back = int(upper[5:] or 1) if "~" in upper else 0
+            back = int(steps or 1) if "~" in upper else 0
             for _ in range(back):
                 if cp is None or cp.parent is None:
                     break
@@ -195,15 +198,18 @@ class Session:
         by_id: dict[str, CheckpointRow] = {r.id: r for r in rows}
         out = []
         for row in rows:
-            cp = self.store.open_row(row)
-            if cp.parent is not None:
-                prow = by_id.get(cp.parent) or self.store.meta.get_checkpoint(cp.parent)
-                if prow is None or prow.digest != cp.parent_digest:
-                    what = "is missing" if prow is None else "was altered"
-                    raise IntegrityError(
-                        f"checkpoint {cp.id} is broken: its parent {cp.parent} {what}",
-                        checkpoint=cp.id,
-                    )
+            try:
+                cp = self.store.open_row(row)
+                if cp.parent is not None:
+                    prow = by_id.get(cp.parent) or self.store.meta.get_checkpoint(cp.parent)
+                    if prow is None or prow.digest != cp.parent_digest:
+                        what = "is missing" if prow is None else "was altered"
+                        raise IntegrityError(
+                            f"checkpoint {cp.id} is broken: its parent {cp.parent} {what}",
+                            checkpoint=cp.id,
+                        )
+            except IntegrityError as exc:
+                raise self.store.with_last_good(exc, row) from None
             out.append(cp)
         return out
 
@@ -513,8 +519,12 @@ class Session:
             else:
                 current = bytes.fromhex(safety.workspace.tree)
             want = bytes.fromhex(target.workspace.tree)
-            stats = self.workspace.restore(current, want)
-            self.workspace.verify_equals(want, stats.kept_dirs)
+            try:
+                stats = self.workspace.restore(current, want)
+                self.workspace.verify_equals(want, stats.kept_dirs)
+            except (IntegrityError, NotFoundError) as exc:
+                self._roll_back(safety, exc)
+                raise
         if files and state:
             current_head = self.store.meta.get_head(self.name, self.branch)
             if current_head != target.id:
@@ -528,6 +538,25 @@ class Session:
         if key is not None:
             self.store.meta.set_meta(key, None)
         return RewindResult(target, safety or head, head, stats)
+
+    def _roll_back(self, safety: Checkpoint | None, exc: Exception) -> None:
+        """A restore hit damaged data: put the workspace back as it was and drop the journal.
+
+        The safety checkpoint was written (and its blobs verified) just before, so going back
+        to it loses nothing. If even that fails, the journal stays for a later attempt.
+        """
+        assert self.workspace is not None
+        if safety is not None and safety.workspace is not None:
+            back = bytes.fromhex(safety.workspace.tree)
+            try:
+                self.workspace.clean_temp_files()
+                stats = self.workspace.restore(self._current_tree(), back)
+                self.workspace.verify_equals(back, stats.kept_dirs)
+            except StashpointError as again:
+                raise again from exc
+        key = self._journal_key()
+        if key is not None:
+            self.store.meta.set_meta(key, None)
 
     def _current_tree(self) -> bytes:
         assert self.workspace is not None
@@ -587,6 +616,15 @@ class Session:
         try:
             safety = self.store.get(journal["safety"]) if journal.get("safety") else None
             self._finish_rewind(journal, safety, rescan=True)
+        except (IntegrityError, NotFoundError) as exc:
+            # The target is damaged: the workspace went back to its safety checkpoint and the
+            # journal is gone, so this command can go on; say what happened.
+            warnings.warn(
+                f"an interrupted rewind to {journal['target']} could not be completed ({exc}); "
+                "the workspace was put back as it was before that rewind",
+                StashpointWarning,
+                stacklevel=2,
+            )
         finally:
             self.branch = saved_branch
             self._head_loaded = False

@@ -68,8 +68,17 @@ def _register() -> None:
 _register()
 
 
+def _show_warning(
+    message: Warning | str, category: type[Warning], *_args: object, **_kw: object
+) -> None:
+    click.echo(f"warning: {message}", err=True)
+
+
 def main(argv: list[str] | None = None) -> None:
     """Entry point: maps every failure to the documented exit code."""
+    import warnings
+
+    warnings.showwarning = _show_warning  # one readable line, not a source excerpt
     try:
         cli.main(args=argv, prog_name="stashpoint", standalone_mode=False)
     except click.exceptions.Exit as exc:
