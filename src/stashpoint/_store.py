@@ -130,13 +130,21 @@ class Store:
         while parent is not None and seen < 10_000:
             prow = self.meta.get_checkpoint(parent)
             if prow is None:
-                return None
+                break  # the chain is cut: fall back to the newest record that verifies
             try:
                 self.open_row(prow)
                 return prow.id
             except IntegrityError:
                 parent = prow.parent
                 seen += 1
+        for other in self.meta.list_checkpoints(row.session, before=row.id, limit=1000):
+            if other.branch != row.branch:
+                continue
+            try:
+                self.open_row(other)
+                return other.id
+            except IntegrityError:
+                continue
         return None
 
     def resolve(self, ref: str, session: str | None = None) -> str:

@@ -1,0 +1,682 @@
+"""The CLI end to end, driven as a user types it, on real directories (SPEC C1-C6, C19).
+
+Every test runs ``python -m stashpoint ...`` in a subprocess (the ``sp`` fixture) with a real
+temporary workspace as the current directory, changes that workspace with Python and with shell
+commands (``rm``, ``mv``, ``sed -i``, ``chmod``, ``ln``), and compares whole directory trees byte
+for byte with ``snapshot_tree``. The integrity tests damage the store the way a disk or an
+attacker would (raw SQLite edits, a flipped byte in a chunk file) and check that ``verify`` and
+the reading commands refuse it with exit code 2 and name what is damaged.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import random
+import sqlite3
+import subprocess
+from collections.abc import Callable
+from contextlib import closing
+from pathlib import Path
+from typing import Any
+
+import stashpoint
+
+from .conftest import Result, snapshot_tree
+
+Tree = dict[str, tuple[str, int, bytes]]
+Sp = Callable[..., Result]
+
+MIB = 1024 * 1024
+EXIT_USER, EXIT_INTEGRITY = 1, 2
+
+
+# -- helpers: the workspace -----------------------------------------------------------------
+
+
+def write(path: Path, content: str | bytes, mode: int | None = None) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if isinstance(content, str):
+        content = content.encode()
+    path.write_bytes(content)
+    if mode is not None:
+        path.chmod(mode)
+
+
+def sh(cwd: Path, command: str) -> None:
+    """Change the workspace the way an agent's shell tool does."""
+    subprocess.run(["sh", "-c", command], cwd=cwd, check=True)
+
+
+GITIGNORE = "/build/\n*.log\n"
+STASHPOINTIGNORE = "scratch/\n"
+
+
+def is_ignored(rel: str) -> bool:
+    """What the workspace's ignore rules (and the always-excluded ``.git``) leave out."""
+    parts = rel.split("/")
+    return (
+        ".git" in parts
+        or parts[0] in ("build", "scratch")
+        or rel.endswith(".log")
+        or rel == "pkg/generated.txt"
+    )
+
+
+def build_workspace(ws: Path) -> None:
+    """A small project with every kind of entry a snapshot has to keep."""
+    rng = random.Random(20261122)
+    ws.mkdir(parents=True, exist_ok=True)
+    write(ws / "README.md", "# demo project\n\nhello world\n")
+    write(ws / "src/app.py", "".join(f"line {i}: value = {i}\n" for i in range(40)))
+    write(ws / "src/util.py", "def helper():\n    return 42\n")
+    write(ws / "bin/run.sh", "#!/bin/sh\necho run\n", mode=0o755)
+    write(ws / "café/naïve.txt", "hello from a unicode path\n")
+    write(ws / "日本.md", "# 日本語のファイル\n")
+    write(ws / "data/blob.bin", bytes(range(256)) * 4 + rng.randbytes(1024))  # NULs: binary
+    write(ws / "data/big.bin", rng.randbytes(3 * MIB))  # > 1 MiB: the chunked path
+    write(ws / "private/key.txt", "not a real key\n", mode=0o600)
+    (ws / "private").chmod(0o750)
+    write(ws / "turns-into-dir", "a file for now\n")
+    (ws / "empty").mkdir()
+    (ws / "nested/empty/deeper").mkdir(parents=True)
+    os.symlink("README.md", ws / "link-to-readme")
+    os.symlink("no/such/target", ws / "dangling")
+    os.symlink("src", ws / "link-to-src")
+    # A nested repository: its files are snapshotted, its .git (at any depth) never.
+    write(ws / ".git/HEAD", "ref: refs/heads/main\n")
+    write(ws / "vendor/lib/.git/config", "[core]\n\tbare = false\n")
+    write(ws / "vendor/lib/code.py", "print('vendored')\n")
+    # Ignore rules at the root and deeper, and paths they exclude.
+    write(ws / ".gitignore", GITIGNORE)
+    write(ws / ".stashpointignore", STASHPOINTIGNORE)
+    write(ws / "pkg/.gitignore", "generated.txt\n")
+    write(ws / "pkg/mod.py", "x = 1\n")
+    write(ws / "pkg/generated.txt", "generated v1\n")
+    write(ws / "build/out.o", rng.randbytes(512))
+    write(ws / "app.log", "log line 1\n")
+    write(ws / "src/debug.log", "debug 1\n")
+    write(ws / "scratch/notes.txt", "scratch notes\n")
+
+
+def make_later_changes(ws: Path) -> None:
+    """Edits of every kind, half of them by shell commands that editor checkpoints miss."""
+    app = ws / "src/app.py"
+    app.write_text(app.read_text().replace("line 7: value = 7\n", "line 7: value = 700\n"))
+    with (ws / "README.md").open("a") as f:
+        f.write("a second paragraph\n")
+    sh(ws, "rm src/util.py")
+    sh(ws, "mkdir -p docs && mv 日本.md docs/日本-moved.md")
+    sh(ws, "sed -i 's/hello/goodbye/' 'café/naïve.txt'")
+    sh(ws, "chmod +x src/app.py && chmod -x bin/run.sh && chmod 700 private")
+    with (ws / "data/big.bin").open("r+b") as f:  # one chunk of three changes
+        f.seek(MIB + MIB // 2)
+        f.write(b"\xff" * 4096)
+    write(ws / "data/blob.bin", b"\x00\x01changed binary\x00" * 64)
+    write(ws / "new/file.txt", "created after the snapshot\n")
+    (ws / "newempty").mkdir()
+    sh(ws, "rmdir empty")
+    sh(ws, "ln -sfn src/app.py link-to-readme && rm dangling && ln -s gone dangling2")
+    sh(ws, "rm -r nested/empty && echo now-a-file > nested/empty")
+    sh(ws, "rm turns-into-dir && mkdir turns-into-dir && echo inner > turns-into-dir/inner.txt")
+    touch_ignored(ws, "1")
+
+
+def touch_ignored(ws: Path, tag: str) -> None:
+    """Change ignored paths: a rewind must leave every one of them exactly as it finds it."""
+    sh(ws, f"echo 'log {tag}' >> app.log && echo 'debug {tag}' >> src/debug.log")
+    write(ws / f"build/new-{tag}.o", f"object {tag}\n")
+    write(ws / f"scratch/more-{tag}.txt", f"scratch {tag}\n")
+    write(ws / "pkg/generated.txt", f"generated {tag}\n")
+    write(ws / f"vendor/lib/.git/objects/{tag}", f"git object {tag}\n")
+    write(ws / f".git/refs/{tag}", f"ref {tag}\n")
+
+
+# -- helpers: trees ------------------------------------------------------------------------
+
+
+def kept(tree: Tree) -> Tree:
+    return {p: e for p, e in tree.items() if not is_ignored(p)}
+
+
+def ignored(tree: Tree) -> Tree:
+    return {p: e for p, e in tree.items() if is_ignored(p)}
+
+
+def describe(entry: tuple[str, int, bytes] | None) -> str:
+    if entry is None:
+        return "absent"
+    kind, mode, data = entry
+    if kind == "f":
+        return f"file {oct(mode)} {len(data)} B sha256:{hashlib.sha256(data).hexdigest()[:12]}"
+    if kind == "l":
+        return f"symlink -> {data.decode(errors='replace')}"
+    return f"dir {oct(mode)}"
+
+
+def assert_same_tree(actual: Tree, expected: Tree, what: str) -> None:
+    """Exact comparison (bytes, modes, link targets) with a readable report of differences."""
+    if actual == expected:
+        return
+    lines = [
+        f"  {path}: expected {describe(expected.get(path))}, got {describe(actual.get(path))}"
+        for path in sorted(actual.keys() | expected.keys())
+        if actual.get(path) != expected.get(path)
+    ]
+    raise AssertionError(f"{what}: {len(lines)} path(s) differ:\n" + "\n".join(lines[:50]))
+
+
+def manifest_paths(tree: Tree) -> set[tuple[str, str]]:
+    return {(p, kind) for p, (kind, _m, _d) in tree.items()}
+
+
+# -- helpers: the CLI ----------------------------------------------------------------------
+
+
+def cli_json(sp: Sp, cwd: Path, *args: str) -> Any:
+    return json.loads(sp(*args, "--json", cwd=cwd).out)
+
+
+def snap(sp: Sp, ws: Path, message: str) -> dict[str, Any]:
+    cp: dict[str, Any] = cli_json(sp, ws, "snap", "-m", message)
+    return cp
+
+
+def fails(sp: Sp, cwd: Path, *args: str, code: int) -> Result:
+    res = sp(*args, cwd=cwd, check=False)
+    assert res.code == code, (
+        f"stashpoint {' '.join(args)}: expected exit {code}, got {res.code}\n{res.err}{res.out}"
+    )
+    assert "Traceback" not in res.err, f"stashpoint {' '.join(args)} crashed:\n{res.err}"
+    return res
+
+
+def log_ids(sp: Sp, cwd: Path) -> list[str]:
+    return [cp["id"] for cp in cli_json(sp, cwd, "log")]
+
+
+# -- helpers: damaging the store -----------------------------------------------------------
+
+
+def store_db(ws: Path) -> closing[sqlite3.Connection]:
+    return closing(sqlite3.connect(ws / ".stashpoint" / "store.db"))
+
+
+def flip_blob_row(ws: Path, digest: bytes, offset: int = 0) -> None:
+    with store_db(ws) as db:
+        row = db.execute("SELECT data FROM blobs WHERE digest=?", (digest,)).fetchone()
+        assert row is not None, f"blob {digest.hex()} is not stored inline in the blobs table"
+        data = bytearray(row[0])
+        data[offset % len(data)] ^= 0x01
+        db.execute("UPDATE blobs SET data=? WHERE digest=?", (bytes(data), digest))
+        db.commit()
+
+
+def edit_checkpoint_body(ws: Path, ident: str, old: bytes, new: bytes) -> None:
+    with store_db(ws) as db:
+        (body,) = db.execute("SELECT body FROM checkpoints WHERE id=?", (ident,)).fetchone()
+        assert old in bytes(body)
+        db.execute(
+            "UPDATE checkpoints SET body=? WHERE id=?", (bytes(body).replace(old, new), ident)
+        )
+        db.commit()
+
+
+def delete_checkpoint(ws: Path, ident: str) -> None:
+    with store_db(ws) as db:
+        assert db.execute("DELETE FROM checkpoints WHERE id=?", (ident,)).rowcount == 1
+        db.commit()
+
+
+def blob_file(ws: Path, digest: bytes) -> Path:
+    """The file under .stashpoint/blobs/ holding one blob (located by name, not by layout)."""
+    found = [p for p in (ws / ".stashpoint" / "blobs").rglob(digest.hex()) if p.is_file()]
+    assert len(found) == 1, f"expected one blob file named {digest.hex()}, found {found}"
+    return found[0]
+
+
+def three_snaps(sp: Sp, ws: Path) -> list[dict[str, Any]]:
+    write(ws / "notes.txt", "one\n")
+    out = [snap(sp, ws, "first")]
+    for message in ("second", "third"):
+        with (ws / "notes.txt").open("a") as f:
+            f.write(f"{message}\n")
+        out.append(snap(sp, ws, message))
+    return out
+
+
+# -- snapshot, rewind, undo ----------------------------------------------------------------
+
+
+def test_rewind_restores_snapshot_byte_for_byte_and_can_be_undone(sp: Sp, tmp_path: Path) -> None:
+    ws = tmp_path / "ws"
+    build_workspace(ws)
+    a = snap(sp, ws, "A")
+    tree_a = snapshot_tree(ws)
+
+    make_later_changes(ws)
+    b = snap(sp, ws, "B")
+    tree_b = snapshot_tree(ws)
+    assert (b["parent"], b["branch"], b["step"]) == (a["id"], "main", a["step"] + 1)
+    # Unsaved work on top of B, also by shell commands, plus more changes to ignored paths.
+    sh(ws, "echo wip > wip.txt && rm README.md && sed -i 's/value = 3$/value = 33/' src/app.py")
+    touch_ignored(ws, "2")
+    before = snapshot_tree(ws)
+    assert kept(before) != kept(tree_a)
+
+    result = cli_json(sp, ws, "rewind", a["id"])
+    assert result["target"]["id"] == a["id"]
+    assert result["safety"]["kind"] == "pre-rewind"
+    after = snapshot_tree(ws)
+    assert_same_tree(kept(after), kept(tree_a), "workspace after rewind to A")
+    assert_same_tree(ignored(after), ignored(before), "ignored paths after rewind")
+    assert cli_json(sp, ws, "show", "HEAD")["id"] == a["id"]
+
+    # The safety checkpoint holds the unsaved work: rewinding to it undoes the rewind.
+    undo = cli_json(sp, ws, "rewind", result["safety"]["id"])
+    assert undo["target"]["id"] == result["safety"]["id"]
+    assert_same_tree(snapshot_tree(ws), before, "workspace after undoing the rewind")
+
+    # And forwards again to B: every rewind is a full diff (create, modify, delete, type).
+    cli_json(sp, ws, "rewind", b["id"])
+    assert_same_tree(kept(snapshot_tree(ws)), kept(tree_b), "workspace after rewind to B")
+    sp("verify", cwd=ws)
+
+
+def test_rewind_keeps_directories_that_hold_ignored_files(sp: Sp, tmp_path: Path) -> None:
+    ws = tmp_path / "ws"
+    write(ws / ".gitignore", "*.log\n")
+    write(ws / "keep.txt", "keep\n")
+    a = snap(sp, ws, "A")
+    write(ws / "newdir/made-later.txt", "remove me\n")
+    write(ws / "newdir/trace.log", "an ignored file in a directory made after A\n")
+    write(ws / "newrepo/.git/HEAD", "ref: refs/heads/main\n")
+    write(ws / "newrepo/src.py", "print(1)\n")
+
+    cli_json(sp, ws, "rewind", a["id"])
+
+    assert not (ws / "newdir/made-later.txt").exists()
+    assert not (ws / "newrepo/src.py").exists()
+    assert (ws / "newdir/trace.log").read_text() == "an ignored file in a directory made after A\n"
+    assert (ws / "newrepo/.git/HEAD").read_text() == "ref: refs/heads/main\n"
+    assert (ws / "keep.txt").read_text() == "keep\n"
+
+
+def test_snap_sees_same_size_edit_with_restored_mtime(sp: Sp, tmp_path: Path) -> None:
+    ws = tmp_path / "ws"
+    config = ws / "config.ini"
+    write(config, "mode = aaaa\n")
+    an_hour_ago = config.stat().st_mtime_ns - 3600 * 10**9
+    os.utime(config, ns=(an_hour_ago, an_hour_ago))  # not "racy": the stat cache trusts it
+    a = snap(sp, ws, "A")
+    inode = config.stat().st_ino
+    with config.open("r+b") as f:  # same inode, same size, and the mtime put back
+        f.write(b"mode = bbbb\n")
+    os.utime(config, ns=(an_hour_ago, an_hour_ago))
+    assert (config.stat().st_ino, config.stat().st_mtime_ns) == (inode, an_hour_ago)
+    b = snap(sp, ws, "B")
+    assert a["workspace"]["tree"] != b["workspace"]["tree"]
+    d = cli_json(sp, ws, "diff", a["id"], b["id"])
+    assert d["files"] == [{"path": "config.ini", "status": "modified"}]
+
+
+def lib_checkpoint(ws: Path, state: dict[str, Any], message: str) -> str:
+    """What an agent built on the library does: checkpoint its state with the workspace."""
+    with stashpoint.open(ws / ".stashpoint") as store:
+        return store.session("main", workspace=ws).checkpoint(state, message=message).id
+
+
+def test_rewind_files_only_and_state_only(sp: Sp, tmp_path: Path) -> None:
+    ws = tmp_path / "ws"
+    write(ws / "plan.md", "1. read the code\n")
+    write(ws / "src/main.py", "print('v1')\n")
+    state_a = {"plan": "v1", "messages": [{"role": "user", "content": "fix the bug"}]}
+    a = lib_checkpoint(ws, state_a, "A")
+    tree_a = snapshot_tree(ws)
+    sh(ws, "sed -i s/v1/v2/ src/main.py && rm plan.md && echo 'new' > added.txt")
+    state_b = {
+        "plan": "v2",
+        "messages": [*state_a["messages"], {"role": "assistant", "content": "fixed"}],
+    }
+    b = lib_checkpoint(ws, state_b, "B")
+    tree_b = snapshot_tree(ws)
+    show_b = cli_json(sp, ws, "show", b)
+
+    files_only = cli_json(sp, ws, "rewind", a, "--files-only")
+    assert_same_tree(snapshot_tree(ws), tree_a, "after rewind --files-only")
+    head = cli_json(sp, ws, "show", "HEAD")
+    assert head["id"] == files_only["head"]["id"]
+    assert head["state"] == state_b, "--files-only must keep the current state"
+    assert head["manifest"]["tree"] == cli_json(sp, ws, "show", a)["manifest"]["tree"]
+
+    cli_json(sp, ws, "rewind", files_only["safety"]["id"])
+    assert_same_tree(snapshot_tree(ws), tree_b, "after undoing rewind --files-only")
+    assert cli_json(sp, ws, "show", "HEAD")["state"] == state_b
+
+    state_only = cli_json(sp, ws, "rewind", a, "--state-only")
+    assert_same_tree(snapshot_tree(ws), tree_b, "files after rewind --state-only")
+    head = cli_json(sp, ws, "show", "HEAD")
+    assert head["id"] == state_only["head"]["id"]
+    assert head["state"] == state_a
+    assert head["manifest"]["tree"] == show_b["manifest"]["tree"]
+
+    d = cli_json(sp, ws, "diff", a, b)
+    assert d["values"] == [{"key": "plan", "status": "changed", "old": "v1", "new": "v2"}]
+    assert (d["messages_removed"], d["messages_added"]) == (0, [state_b["messages"][1]])
+    sp("verify", cwd=ws)
+
+
+# -- fork, log, diff, show, label ----------------------------------------------------------
+
+
+def test_fork_into_directory_is_an_independent_branch(sp: Sp, tmp_path: Path) -> None:
+    ws = tmp_path / "ws"
+    build_workspace(ws)
+    a = snap(sp, ws, "A")
+    tree_a = snapshot_tree(ws)
+    make_later_changes(ws)
+    b = snap(sp, ws, "B")
+    original = snapshot_tree(ws)
+
+    other = tmp_path / "ws-b"
+    forked = cli_json(sp, ws, "fork", a["id"], "--branch", "try-b", "--into", str(other))
+    assert forked["branch"] == "try-b"
+    assert_same_tree(snapshot_tree(other), kept(tree_a), "materialised fork")
+    assert_same_tree(snapshot_tree(ws), original, "original workspace after fork --into")
+
+    # Work in the fork records to the new branch and leaves the original alone.
+    sh(other, "echo 'b only' > b-only.txt && rm README.md")
+    in_b = snap(sp, other, "on try-b")
+    assert (in_b["branch"], in_b["parent"]) == ("try-b", a["id"])
+    assert cli_json(sp, other, "show", "HEAD")["id"] == in_b["id"]
+    assert_same_tree(snapshot_tree(ws), original, "original workspace after a snap in the fork")
+    assert not (ws / "b-only.txt").exists()
+
+    # Work in the original continues main.
+    write(ws / "main-only.txt", "main only\n")
+    in_main = snap(sp, ws, "on main")
+    assert (in_main["branch"], in_main["parent"]) == ("main", b["id"])
+    assert not (other / "main-only.txt").exists()
+
+    entries = {cp["id"]: cp for cp in cli_json(sp, ws, "log")}
+    assert {entries[i]["branch"] for i in (in_b["id"], a["id"])} == {"try-b", "main"}
+    assert entries[in_main["id"]]["branch"] == "main"
+    assert log_ids(sp, other) == log_ids(sp, ws)  # one session, seen from either directory
+
+    graph = sp("log", "--graph", cwd=ws).out
+    assert "├─" in graph
+    assert "HEAD -> main" in graph and "try-b" in graph
+    for cp in (a, b, in_b, in_main):
+        assert cp["id"][:12] in graph
+
+    # A rewind inside the fork changes only the fork.
+    cli_json(sp, other, "rewind", a["id"])
+    assert_same_tree(snapshot_tree(other), kept(tree_a), "fork after its own rewind")
+    assert (ws / "main-only.txt").exists()
+    sp("verify", cwd=ws)
+
+
+def test_diff_text_binary_and_json(sp: Sp, tmp_path: Path) -> None:
+    ws = tmp_path / "ws"
+    build_workspace(ws)
+    a = snap(sp, ws, "A")
+    make_later_changes(ws)
+    b = snap(sp, ws, "B")
+
+    text = sp("diff", a["id"], b["id"], cwd=ws).out
+    assert "--- a/src/app.py" in text and "+++ b/src/app.py" in text
+    assert "-line 7: value = 7\n" in text and "+line 7: value = 700\n" in text
+    assert "-hello from a unicode path\n" in text and "+goodbye from a unicode path\n" in text
+    assert "Binary file data/blob.bin modified" in text
+    assert "Binary file data/big.bin modified" in text
+    assert "\x00" not in text
+    assert "scratch" not in text and "app.log" not in text and ".git" not in text
+
+    changes = {c["path"]: c["status"] for c in cli_json(sp, ws, "diff", a["id"], b["id"])["files"]}
+    expected = {
+        "src/app.py": "modified",
+        "README.md": "modified",
+        "src/util.py": "deleted",
+        "日本.md": "deleted",
+        "docs/日本-moved.md": "added",
+        "café/naïve.txt": "modified",
+        "bin/run.sh": "mode",
+        "private": "mode",
+        "data/big.bin": "modified",
+        "data/blob.bin": "modified",
+        "new/file.txt": "added",
+        "newempty": "added",
+        "empty": "deleted",
+        "link-to-readme": "modified",
+        "dangling": "deleted",
+        "dangling2": "added",
+        "nested/empty": "type",
+        "nested/empty/deeper": "deleted",
+        "turns-into-dir": "type",
+        "turns-into-dir/inner.txt": "added",
+    }
+    for path, status in expected.items():
+        assert changes.get(path) == status, f"{path}: {changes.get(path)} != {status}"
+    assert not [p for p in changes if is_ignored(p)], changes
+    assert cli_json(sp, ws, "diff", a["id"], a["id"])["files"] == []
+
+
+def test_show_json_has_state_and_manifest(sp: Sp, tmp_path: Path) -> None:
+    ws = tmp_path / "ws"
+    build_workspace(ws)
+    a = snap(sp, ws, "A")
+    tree = kept(snapshot_tree(ws))
+
+    shown = cli_json(sp, ws, "show", a["id"])
+    for key in ("id", "parent", "session", "branch", "step", "kind", "label", "message", "digest"):
+        assert shown[key] == a[key], key
+    assert shown["created_at"].endswith("Z")
+    assert shown["state"] == {}
+    manifest = shown["manifest"]
+    assert manifest["root"] == str(ws.resolve())
+    assert manifest["tree"] == a["workspace"]["tree"]
+    assert manifest["files"] == sum(1 for kind, _m, _d in tree.values() if kind in "fl")
+    assert manifest["bytes"] == sum(len(d) for kind, _m, d in tree.values() if kind == "f")
+
+    listed = cli_json(sp, ws, "show", a["id"], "--files")["manifest"]["entries"]
+    assert {(e["path"], e["type"]) for e in listed} == manifest_paths(tree)
+    modes = {e["path"]: int(e["mode"], 8) for e in listed}
+    assert modes["bin/run.sh"] == 0o755 and modes["private/key.txt"] == 0o600
+    assert modes["private"] == 0o750
+
+    entries = cli_json(sp, ws, "log")
+    assert [e["id"] for e in entries] == [a["id"]]
+    for key in ("id", "parent", "session", "branch", "step", "kind", "label", "message"):
+        assert key in entries[0]
+
+
+def test_label_names_a_checkpoint_everywhere(sp: Sp, tmp_path: Path) -> None:
+    ws = tmp_path / "ws"
+    write(ws / "f.txt", "v1\n")
+    a = snap(sp, ws, "A")
+    tree_a = snapshot_tree(ws)
+    write(ws / "f.txt", "v2\n")
+    b = snap(sp, ws, "B")
+
+    assert cli_json(sp, ws, "label", a["id"], "tests-pass") == {
+        "id": a["id"],
+        "label": "tests-pass",
+    }
+    assert cli_json(sp, ws, "show", "tests-pass")["id"] == a["id"]
+    assert {e["id"]: e["label"] for e in cli_json(sp, ws, "log")}[a["id"]] == "tests-pass"
+    assert "[tests-pass]" in sp("log", cwd=ws).out
+    d = cli_json(sp, ws, "diff", "tests-pass", b["id"])
+    assert (d["a"], d["files"]) == (a["id"], [{"path": "f.txt", "status": "modified"}])
+    cli_json(sp, ws, "rewind", "tests-pass")
+    assert_same_tree(snapshot_tree(ws), tree_a, "after rewind to a label")
+
+    label_b = cli_json(sp, ws, "snap", "-m", "C", "--label", "at-snap")
+    assert cli_json(sp, ws, "show", "at-snap")["id"] == label_b["id"]
+    sp("label", "tests-pass", "--delete", cwd=ws)
+    fails(sp, ws, "show", "tests-pass", code=EXIT_USER)
+
+
+def test_exit_codes_for_user_errors(sp: Sp, tmp_path: Path) -> None:
+    ws = tmp_path / "ws"
+    write(ws / "f.txt", "content\n")
+    snap(sp, ws, "A")
+    before = snapshot_tree(ws)
+    unknown = "01ZZZZZZZZZZZZZZZZZZZZZZZZ"
+    for args in (
+        ("show", unknown),
+        ("show", "no-such-label"),
+        ("rewind", unknown),
+        ("rewind", "HEAD~0x"),
+        ("diff", unknown, "HEAD"),
+        ("label", unknown, "x"),
+        ("fork", unknown, "--into", str(tmp_path / "f")),
+        ("rewind",),
+        ("rewind", "HEAD", "--files-only", "--state-only"),
+        ("snap", "--no-such-option"),
+        ("no-such-command",),
+        ("label", "HEAD"),
+    ):
+        fails(sp, ws, *args, code=EXIT_USER)
+    assert_same_tree(snapshot_tree(ws), before, "workspace after failed commands")
+    assert not (tmp_path / "f").exists()
+    nostore = tmp_path / "nostore"
+    nostore.mkdir()
+    res = fails(sp, nostore, "log", code=EXIT_USER)
+    assert "stashpoint init" in res.err
+    assert sp("verify", cwd=ws).code == 0
+
+
+# -- integrity: damage is detected and named -----------------------------------------------
+
+
+def test_verify_names_checkpoint_with_flipped_byte_in_packed_blob(sp: Sp, tmp_path: Path) -> None:
+    ws = tmp_path / "ws"
+    old = random.Random(1).randbytes(3000)
+    write(ws / "data.bin", old)
+    write(ws / "other.txt", "unchanged\n")
+    a = snap(sp, ws, "A")
+    write(ws / "data.bin", random.Random(2).randbytes(3000))
+    b = snap(sp, ws, "B")
+    sp("verify", cwd=ws)
+
+    digest = hashlib.sha256(old).digest()
+    flip_blob_row(ws, digest, offset=1500)
+
+    res = fails(sp, ws, "verify", code=EXIT_INTEGRITY)
+    assert digest.hex() in res.err and a["id"] in res.err
+    assert b["id"] not in res.err, "B does not reference the damaged blob"
+    report = json.loads(fails(sp, ws, "verify", "--json", code=EXIT_INTEGRITY).out)
+    assert not report["ok"]
+    assert {p["checkpoint"] for p in report["problems"]} == {a["id"]}
+    # Reading the damaged content fails loudly instead of printing garbage.
+    res = fails(sp, ws, "diff", a["id"], b["id"], code=EXIT_INTEGRITY)
+    assert digest.hex() in res.err
+
+
+def test_damaged_tree_object_fails_show_files_and_verify(sp: Sp, tmp_path: Path) -> None:
+    ws = tmp_path / "ws"
+    a, b, _c = three_snaps(sp, ws)
+    tree = bytes.fromhex(b["workspace"]["tree"])
+    flip_blob_row(ws, tree, offset=5)
+
+    res = fails(sp, ws, "verify", code=EXIT_INTEGRITY)
+    assert b["id"] in res.err and tree.hex() in res.err
+    assert a["id"] not in res.err
+    fails(sp, ws, "show", b["id"], "--files", code=EXIT_INTEGRITY)
+    fails(sp, ws, "diff", a["id"], b["id"], code=EXIT_INTEGRITY)
+    sp("show", a["id"], "--files", cwd=ws)  # the rest of the store stays usable
+
+
+def test_verify_names_blob_with_flipped_byte_in_chunk_file(sp: Sp, tmp_path: Path) -> None:
+    ws = tmp_path / "ws"
+    content = random.Random(3).randbytes(3 * MIB + 123)
+    write(ws / "model.bin", content)
+    write(ws / "small.txt", "small\n")
+    a = snap(sp, ws, "A")
+    sp("verify", cwd=ws)
+
+    chunk = hashlib.sha256(content[MIB : 2 * MIB]).digest()
+    path = blob_file(ws, chunk)
+    data = bytearray(path.read_bytes())
+    data[-100] ^= 0x40
+    path.write_bytes(bytes(data))
+
+    res = fails(sp, ws, "verify", code=EXIT_INTEGRITY)
+    assert chunk.hex() in res.err and a["id"] in res.err
+    res = fails(sp, ws, "fork", a["id"], "--into", str(tmp_path / "copy"), code=EXIT_INTEGRITY)
+    assert chunk.hex() in res.err
+
+
+def test_verify_names_edited_checkpoint_record(sp: Sp, tmp_path: Path) -> None:
+    ws = tmp_path / "ws"
+    a, b, c = three_snaps(sp, ws)
+    edit_checkpoint_body(ws, b["id"], b'"message":"second"', b'"message":"SECOND"')
+
+    res = fails(sp, ws, "verify", code=EXIT_INTEGRITY)
+    assert b["id"] in res.err
+    res = fails(sp, ws, "log", code=EXIT_INTEGRITY)
+    assert b["id"] in res.err
+    fails(sp, ws, "log", "--json", code=EXIT_INTEGRITY)
+    res = fails(sp, ws, "show", b["id"], code=EXIT_INTEGRITY)
+    assert b["id"] in res.err and "SECOND" not in res.out
+    fails(sp, ws, "show", b["id"], "--json", code=EXIT_INTEGRITY)
+    fails(sp, ws, "diff", a["id"], b["id"], code=EXIT_INTEGRITY)
+    fails(sp, ws, "rewind", b["id"], code=EXIT_INTEGRITY)
+    assert cli_json(sp, ws, "show", a["id"])["message"] == "first"
+    assert cli_json(sp, ws, "show", c["id"])["message"] == "third"
+
+
+def test_corrupt_head_offers_last_good_checkpoint(sp: Sp, tmp_path: Path) -> None:
+    ws = tmp_path / "ws"
+    _a, b, c = three_snaps(sp, ws)
+    edit_checkpoint_body(ws, c["id"], b'"message":"third"', b'"message":"thirD"')
+
+    for args in (("show", "HEAD"), ("log",), ("snap", "-m", "on top of damage"), ("verify",)):
+        res = fails(sp, ws, *args, code=EXIT_INTEGRITY)
+        assert c["id"] in res.err, args
+        if args[0] != "verify":
+            assert b["id"] in res.err, f"`stashpoint {' '.join(args)}` does not offer {b['id']}"
+    assert cli_json(sp, ws, "show", b["id"])["message"] == "second"
+
+
+def test_verify_detects_checkpoint_deleted_from_the_middle_of_a_chain(
+    sp: Sp, tmp_path: Path
+) -> None:
+    ws = tmp_path / "ws"
+    a, b, c = three_snaps(sp, ws)
+    delete_checkpoint(ws, b["id"])
+
+    res = fails(sp, ws, "verify", code=EXIT_INTEGRITY)
+    assert c["id"] in res.err and b["id"] in res.err
+    res = fails(sp, ws, "log", code=EXIT_INTEGRITY)
+    assert c["id"] in res.err
+    res = fails(sp, ws, "show", c["id"], code=EXIT_INTEGRITY)
+    assert b["id"] in res.err
+    fails(sp, ws, "show", "HEAD", "--json", code=EXIT_INTEGRITY)
+    assert cli_json(sp, ws, "show", a["id"])["message"] == "first"
+
+
+def test_failed_rewind_into_damaged_checkpoint_leaves_everything_usable(
+    sp: Sp, tmp_path: Path
+) -> None:
+    ws = tmp_path / "ws"
+    write(ws / "a-first.txt", "first v1\n")
+    write(ws / "z-last.txt", "last v1, a bit longer than one line\n" * 4)
+    a = snap(sp, ws, "A")
+    write(ws / "a-first.txt", "first v2\n")
+    write(ws / "z-last.txt", "last v2\n")
+    snap(sp, ws, "B")
+    write(ws / "unsaved.txt", "work nobody saved yet\n")
+    before = snapshot_tree(ws)
+    damaged = hashlib.sha256(b"last v1, a bit longer than one line\n" * 4).digest()
+    flip_blob_row(ws, damaged, offset=3)
+
+    res = fails(sp, ws, "rewind", a["id"], code=EXIT_INTEGRITY)
+    assert damaged.hex() in res.err
+    assert not list(ws.rglob(".stashpoint-tmp-*"))
+    # The store stays usable for everything that does not need the damaged blob, and the
+    # failed rewind is rolled back rather than left half applied.
+    snap(sp, ws, "after the failed rewind")
+    assert_same_tree(snapshot_tree(ws), before, "workspace after a failed rewind")
+    sp("log", cwd=ws)
