@@ -29,7 +29,7 @@ __all__ = ["CHUNK_SIZE", "BlobCodec", "BlobWriter", "Blobs"]
 
 CHUNK_SIZE = 1 << 20
 _FLUSH_BYTES = 32 << 20
-_EAGER_BYTES = 2048  # blobs at least this big are compressed in the background
+_BATCH_BYTES = 1 << 20  # blobs go to the compression thread in batches of about this size
 _MIN_SAVING = 0.9  # store raw unless zstd saves at least 10 %
 
 
@@ -61,15 +61,16 @@ class Blobs:
             cctx = self._tls.cctx = zstandard.ZstdCompressor(level=self._level)
         return cctx
 
-    def encode_later(self, digest: bytes, data: bytes) -> Future[BlobRow]:
-        """Compress on a worker thread while the caller goes on reading and hashing files.
+    def encode_later(self, items: list[tuple[bytes, bytes]]) -> Future[list[BlobRow]]:
+        """Compress a batch on a worker thread while the caller goes on reading and hashing.
 
         zstd releases the GIL, so a first snapshot keeps both cores busy: one walking,
         reading and hashing, the other compressing (wall time ~ the larger of the two).
+        Batches, not single blobs: a future per 10 KB file costs more than it saves.
         """
         if self._pool is None:
             self._pool = ThreadPoolExecutor(max_workers=max(1, min(4, os.cpu_count() or 1)))
-        return self._pool.submit(self.encode, digest, data)
+        return self._pool.submit(lambda: [self.encode(d, data) for d, data in items])
 
     # -- encoding -------------------------------------------------------------------------
     def encode(self, digest: bytes, data: bytes) -> BlobRow:
@@ -177,7 +178,9 @@ class BlobWriter:
 
     def __init__(self, blobs: Blobs) -> None:
         self.blobs = blobs
-        self._pending: list[tuple[bytes, bytes, Future[BlobRow] | None]] = []
+        self._batch: list[tuple[bytes, bytes]] = []  # not yet handed to the worker
+        self._batch_bytes = 0
+        self._jobs: list[Future[list[BlobRow]]] = []
         self._pending_bytes = 0
         self._seen: set[bytes] = set()
         self._chunk_lists: list[BlobRow] = []
@@ -190,9 +193,12 @@ class BlobWriter:
         if digest in self._seen:
             return digest
         self._seen.add(digest)
-        job = self.blobs.encode_later(digest, data) if len(data) >= _EAGER_BYTES else None
-        self._pending.append((digest, data, job))
+        self._batch.append((digest, data))
+        self._batch_bytes += len(data)
         self._pending_bytes += len(data)
+        if self._batch_bytes >= _BATCH_BYTES:
+            self._jobs.append(self.blobs.encode_later(self._batch))
+            self._batch, self._batch_bytes = [], 0
         if self._pending_bytes >= _FLUSH_BYTES:
             self.flush()
         return digest
@@ -246,18 +252,16 @@ class BlobWriter:
         return digest
 
     def _encode_new(self) -> list[BlobRow]:
-        """Encode the queued blobs the store does not have yet (one existence query)."""
-        pending = self._pending
+        """The queued blobs the store does not have yet, encoded (one existence query)."""
+        rows = [r for job in self._jobs for r in job.result()]
+        rows += [self.blobs.encode(d, data) for d, data in self._batch]
         lists = self._chunk_lists
-        self._pending, self._chunk_lists, self._pending_bytes = [], [], 0
-        if not pending and not lists:
+        self._jobs, self._batch, self._chunk_lists = [], [], []
+        self._batch_bytes = self._pending_bytes = 0
+        if not rows and not lists:
             return []
-        have = self.blobs.meta.has_blobs([d for d, _, _ in pending] + [r.digest for r in lists])
-        rows = [
-            job.result() if job is not None else self.blobs.encode(d, data)
-            for d, data, job in pending
-            if d not in have
-        ]
+        have = self.blobs.meta.has_blobs([r.digest for r in rows] + [r.digest for r in lists])
+        rows = [r for r in rows if r.digest not in have]
         self.stored_bytes += sum(len(r.data) for r in rows)
         rows = self.blobs.pack(rows)
         rows += [r for r in lists if r.digest not in have]
