@@ -126,34 +126,54 @@ class Scanner:
         reads_before = self._result.read_files
         entries: list[TreeEntry] = []
         nfiles = nbytes = 0
-        for e in listing:
+        prefix = rel + b"/" if rel else b""
+        cached_file = old.files.get
+        new_files = self.new.files
+        racy_after = self._racy_after
+        check_ignores = not ctx.empty
+        for e in listing:  # the hot loop of every snapshot: keep it lean
             name = e.name
             if name in ALWAYS_EXCLUDED or name.startswith(_TMP):
                 continue
-            crel = rel + b"/" + name if rel else name
+            crel = prefix + name
             try:
                 st = e.stat(follow_symlinks=False)
             except FileNotFoundError:
                 continue  # deleted while we looked: it is not part of this moment
             mode = st.st_mode
-            if stat.S_ISDIR(mode):
+            if stat.S_ISREG(mode):
+                hit = cached_file(crel)
+                if check_ignores and not (trusted and hit) and ctx.ignored(crel, False):
+                    continue
+                size = st.st_size
+                if (
+                    hit is not None
+                    and hit[0] == size
+                    and hit[1] == st.st_mtime_ns
+                    and hit[2] == st.st_ctime_ns
+                    and hit[3] == st.st_ino
+                    and hit[4] == mode
+                    and hit[1] < racy_after
+                ):
+                    new_files[crel] = hit
+                    digest = hit[5]
+                else:
+                    digest, size = self._read_file(e.path, crel, st)
+                entries.append(TreeEntry(name, "f", mode & 0o7777, size, digest))
+                nfiles += 1
+                nbytes += size
+            elif stat.S_ISDIR(mode):
                 if e.path in self.exclude:
                     continue
-                if not (trusted and crel in old.dirs) and ctx.ignored(crel, True):
+                if check_ignores and not (trusted and crel in old.dirs) and ctx.ignored(crel, True):
                     continue
                 sub, n, b, changed = self._scan_dir(e.path, crel, ctx, st)
                 reusable = reusable and not changed
                 entries.append(TreeEntry(name, "d", mode & 0o7777, 0, sub))
                 nfiles += n
                 nbytes += b
+            elif check_ignores and ctx.ignored(crel, False):
                 continue
-            if not (trusted and (crel in old.files)) and ctx.ignored(crel, False):
-                continue
-            if stat.S_ISREG(mode):
-                digest, size = self._file_digest(e.path, crel, st)
-                entries.append(TreeEntry(name, "f", mode & 0o7777, size, digest))
-                nfiles += 1
-                nbytes += size
             elif stat.S_ISLNK(mode):
                 target = os.readlink(e.path)
                 entries.append(TreeEntry(name, "l", 0o777, len(target), target))
@@ -174,12 +194,8 @@ class Scanner:
             self.new.trees[rel] = (*dkey, digest)
         return digest, nfiles, nbytes, cached is None or cached[4] != digest
 
-    def _file_digest(self, path: bytes, rel: bytes, st: os.stat_result) -> tuple[bytes, int]:
-        key = (st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino, st.st_mode)
-        hit = self.old.files.get(rel)
-        if hit is not None and hit[:5] == key and st.st_mtime_ns < self._racy_after:
-            self.new.files[rel] = hit
-            return hit[5], st.st_size
+    def _read_file(self, path: bytes, rel: bytes, st: os.stat_result) -> tuple[bytes, int]:
+        """Read, hash and store a file the stat cache could not vouch for."""
         before = st  # the lstat from the directory listing: one syscall fewer per file
         for _ in range(_MAX_RETRIES):
             try:  # O_NOFOLLOW: a file swapped for a link under us fails instead of being followed
