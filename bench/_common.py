@@ -1,0 +1,253 @@
+"""Shared pieces of the benchmarks: timing, result rows with SPEC §4 bars, the shadow-git peer.
+
+Every benchmark returns a list of rows (dicts) that ``run_all`` prints as a table and writes as
+JSON. A row compares a stashpoint median with a peer's median (or with a fixed bar) and says
+PASS or MISS; rows without a bar are context (``info``).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+__all__ = [
+    "Config",
+    "Gap",
+    "ShadowGit",
+    "cli_env",
+    "dir_size",
+    "git_version",
+    "median",
+    "row",
+    "stashpoint_cmd",
+    "timed",
+    "warm_bytecode",
+]
+
+
+def median(xs: Sequence[float]) -> float:
+    return float(statistics.median(xs)) if xs else float("nan")
+
+
+def timed(fn: Callable[[], Any]) -> float:
+    """Seconds taken by ``fn()`` (perf_counter, wall clock)."""
+    t0 = time.perf_counter()
+    fn()
+    return time.perf_counter() - t0
+
+
+def row(
+    figure: str,
+    value: float,
+    unit: str,
+    *,
+    peer: float | None = None,
+    peer_name: str = "",
+    bar: float | None = None,
+    bar_kind: str = "ratio",
+    samples: Sequence[float] = (),
+    peer_samples: Sequence[float] = (),
+    note: str = "",
+) -> dict[str, Any]:
+    """One table row. ``bar_kind``: ``ratio`` (value/peer <= bar) or ``abs`` (value <= bar)."""
+    ratio = value / peer if peer else None
+    status = "info"
+    if bar is not None:
+        measured = ratio if bar_kind == "ratio" else value
+        status = "PASS" if measured is not None and measured <= bar else "MISS"
+    return {
+        "figure": figure,
+        "stashpoint": value,
+        "unit": unit,
+        "peer": peer,
+        "peer_name": peer_name,
+        "ratio": ratio,
+        "bar": bar,
+        "bar_kind": bar_kind,
+        "status": status,
+        "samples": list(samples),
+        "peer_samples": list(peer_samples),
+        "note": note,
+    }
+
+
+def dir_size(path: Path) -> int:
+    """Bytes of all regular files under ``path`` (apparent sizes)."""
+    total = 0
+    for dirpath, _dirs, files in os.walk(path):
+        for name in files:
+            try:
+                total += os.lstat(os.path.join(dirpath, name)).st_size
+            except FileNotFoundError:
+                pass
+    return total
+
+
+def stashpoint_cmd() -> list[str]:
+    """The installed ``stashpoint`` console script next to this interpreter (what users run)."""
+    script = Path(sys.executable).parent / "stashpoint"
+    if script.exists():
+        return [str(script)]
+    found = shutil.which("stashpoint")
+    return [found] if found else [sys.executable, "-m", "stashpoint"]
+
+
+PYCACHE = Path(tempfile.gettempdir()) / "stashpoint-bench-pycache"
+
+
+def cli_env(*, bytecode: bool = True) -> dict[str, str]:
+    """Environment for ``stashpoint`` subprocesses.
+
+    Users' installs have bytecode caches; an environment with ``PYTHONDONTWRITEBYTECODE=1`` has
+    none for an editable install, and every start would recompile stashpoint (~50 ms). So the
+    CLI runs with caching on, into ``PYCACHE`` (``PYTHONPYCACHEPREFIX``: nothing is written
+    next to the sources).
+    """
+    env = dict(os.environ)
+    if bytecode:
+        env.pop("PYTHONDONTWRITEBYTECODE", None)
+        env["PYTHONPYCACHEPREFIX"] = str(PYCACHE)
+    else:
+        env["PYTHONDONTWRITEBYTECODE"] = "1"
+        env.pop("PYTHONPYCACHEPREFIX", None)
+    return env
+
+
+def warm_bytecode(env: dict[str, str]) -> None:
+    """Compile every stashpoint module into the cache ``env`` points at (once per machine)."""
+    import stashpoint
+
+    pkg = str(Path(stashpoint.__file__).parent)
+    subprocess.run([sys.executable, "-m", "compileall", "-q", pkg], env=env, capture_output=True)
+
+
+def git_version() -> tuple[int, ...]:
+    out = subprocess.run(["git", "--version"], capture_output=True, text=True, check=True).stdout
+    m = re.search(r"(\d+)\.(\d+)(?:\.(\d+))?", out)
+    return tuple(int(x) for x in m.groups() if x is not None) if m else (0,)
+
+
+def git_env(home: Path) -> dict[str, str]:
+    """An environment in which no user or system git config leaks into the peer."""
+    env = dict(os.environ)
+    env.update(
+        GIT_CONFIG_NOSYSTEM="1",
+        GIT_CONFIG_GLOBAL=os.devnull,
+        HOME=str(home),
+        GIT_AUTHOR_NAME="bench",
+        GIT_AUTHOR_EMAIL="bench@example.invalid",
+        GIT_COMMITTER_NAME="bench",
+        GIT_COMMITTER_EMAIL="bench@example.invalid",
+    )
+    return env
+
+
+@dataclass
+class ShadowGit:
+    """A shadow repository: git dir outside the workspace, as Cline/Roo/OpenCode keep theirs.
+
+    Automatic gc / maintenance is switched off so no detached background ``git gc`` steals CPU
+    from later measurements (this only spares git work). ``fsync`` runs git with
+    ``core.fsync=all`` and ``core.fsyncMethod=batch`` (its fastest durable mode) to compare at
+    stashpoint's durability; by default git fsyncs none of the loose objects, index or refs a
+    commit writes.
+    """
+
+    git_dir: Path
+    work_tree: Path
+    env: dict[str, str]
+
+    def _base(self, fsync: bool) -> list[str]:
+        args = ["git", f"--git-dir={self.git_dir}", f"--work-tree={self.work_tree}"]
+        args += ["-c", "gc.auto=0", "-c", "maintenance.auto=false"]
+        if fsync:
+            args += ["-c", "core.fsync=all", "-c", "core.fsyncMethod=batch"]
+        return args
+
+    def run(self, *args: str, fsync: bool = False) -> str:
+        proc = subprocess.run(
+            [*self._base(fsync), *args], env=self.env, capture_output=True, text=True
+        )
+        if proc.returncode != 0:
+            raise RuntimeError(f"git {' '.join(args)} failed: {proc.stderr.strip()}")
+        return proc.stdout
+
+    def init(self) -> None:
+        self.run("init", "-q")
+
+    def commit(self, *, fsync: bool = False) -> None:
+        """``git add -A && git commit`` (allow-empty: a shadow repo snapshots every turn)."""
+        self.run("add", "-A", fsync=fsync)
+        self.run("commit", "-q", "--allow-empty", "--no-verify", "-m", "m", fsync=fsync)
+
+    def head(self) -> str:
+        return self.run("rev-parse", "HEAD").strip()
+
+    def restore(self, commit: str, how: str, *, fsync: bool = False) -> None:
+        """Make the work tree match ``commit``; ``git clean -fd`` removes files created since
+        (without ``-x``, so gitignored paths such as node_modules/ are left alone)."""
+        if how == "checkout":
+            self.run("checkout", "-q", "-f", commit, "--", ".", fsync=fsync)
+        elif how == "reset":
+            self.run("reset", "-q", "--hard", commit, fsync=fsync)
+        elif how == "read-tree":
+            self.run("read-tree", "-u", "--reset", commit, fsync=fsync)
+        else:
+            raise ValueError(how)
+        self.run("clean", "-fdq", fsync=fsync)
+
+
+GIT_RESTORES = {
+    "checkout": "git checkout -f C -- . && git clean -fd",
+    "reset": "git reset --hard C && git clean -fd",
+    "read-tree": "git read-tree -u --reset C && git clean -fd",
+}
+
+
+@dataclass
+class Config:
+    """Sizes and repetitions; ``quick()`` is a smoke-test size that runs in well under a minute."""
+
+    files: int = 10_000
+    reps_first: int = 3
+    reps: int = 5
+    steps: int = 1000
+    lg_steps: int = 1000
+    cli_runs: int = 10
+    tmp: Path | None = None
+    keep: bool = False
+
+    @classmethod
+    def quick(cls) -> Config:
+        return cls(files=1000, reps_first=1, reps=3, steps=200, lg_steps=200, cli_runs=5)
+
+
+class Gap:
+    """Keeps every snapshot at least ``seconds`` after the previous one (no longer).
+
+    The stat cache distrusts files modified within 50 ms of the scan that cached them; 0.1 s
+    between snapshots is what an agent turn takes at the very least, and sleeping longer
+    would only flatter stashpoint.
+    """
+
+    def __init__(self, seconds: float = 0.1) -> None:
+        self.seconds = seconds
+        self.last = 0.0
+
+    def wait(self) -> None:
+        left = self.last + self.seconds - time.monotonic()
+        if left > 0:
+            time.sleep(left)
+
+    def mark(self) -> None:
+        self.last = time.monotonic()
