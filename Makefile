@@ -10,6 +10,7 @@ $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -e '.[dev]'
+	$(PY) -m compileall -q src/stashpoint  # editable installs ship no bytecode: CLI start-up
 	touch $(STAMP)
 
 setup: $(STAMP)

@@ -66,11 +66,14 @@ class CheckpointDiff:
 
 
 def _deps(packages: Iterable[str]) -> dict[str, str]:
-    from importlib import metadata
-
     from . import __version__
 
     out = {"python": platform.python_version(), "stashpoint": __version__}
+    packages = list(packages)
+    if not packages:
+        return out
+    from importlib import metadata  # ~25 ms to import: only when there is something to ask
+
     for name in packages:
         try:
             out[name] = metadata.version(name)

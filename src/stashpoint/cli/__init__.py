@@ -6,6 +6,7 @@ import sys
 
 import click
 
+from .. import __version__
 from ._app import EXIT_USER, Ctx
 
 __all__ = ["cli", "main"]
@@ -39,7 +40,7 @@ Environment: STASHPOINT_STORE (like --store), STASHPOINT_SESSION (like --session
     help="Workspace directory (default: the store's project directory, or the current one).",
 )
 @click.option("--force", is_flag=True, help="Allow a workspace at / or $HOME.")
-@click.version_option(package_name="stashpoint")
+@click.version_option(version=__version__, prog_name="stashpoint")
 @click.pass_context
 def cli(
     c: click.Context,
