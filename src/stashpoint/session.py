@@ -482,7 +482,7 @@ class Session:
         self._warn_if_foreign(target)
         safety = self.checkpoint(kind="pre-rewind", message=f"before rewind to {target.id}")
         journal = self._journal(target, safety, files=files, state=state)
-        return self._finish_rewind(journal, safety, rescan=False)
+        return self._finish_rewind(journal, safety, recovering=False)
 
     def _journal(
         self,
@@ -509,13 +509,13 @@ class Session:
         return journal
 
     def _finish_rewind(
-        self, journal: dict[str, Any], safety: Checkpoint | None, *, rescan: bool
+        self, journal: dict[str, Any], safety: Checkpoint | None, *, recovering: bool
     ) -> RewindResult:
         target = self.store.get(journal["target"])
         files, state = bool(journal["files"]), bool(journal["state"])
         stats = None
         if files and self.workspace is not None and target.workspace is not None:
-            if rescan or safety is None or safety.workspace is None:
+            if recovering or safety is None or safety.workspace is None:
                 # recovering (the directory may be half-restored), or materialising a fork
                 self.workspace.clean_temp_files()
                 current = self._current_tree()
@@ -524,7 +524,8 @@ class Session:
             want = bytes.fromhex(target.workspace.tree)
             try:
                 stats = self.workspace.restore(current, want)
-                self.workspace.verify_equals(want, stats.kept_dirs)
+                if recovering:  # after a crash, check the whole tree, not just what we touched
+                    self.workspace.verify_equals(want, stats.kept_dirs)
             except (IntegrityError, NotFoundError) as exc:
                 self._roll_back(safety, exc)
                 raise
@@ -553,8 +554,7 @@ class Session:
             back = bytes.fromhex(safety.workspace.tree)
             try:
                 self.workspace.clean_temp_files()
-                stats = self.workspace.restore(self._current_tree(), back)
-                self.workspace.verify_equals(back, stats.kept_dirs)
+                self.workspace.restore(self._current_tree(), back)
             except StashpointError as again:
                 raise again from exc
         key = self._journal_key()
@@ -618,7 +618,7 @@ class Session:
         self.branch = journal["branch"]
         try:
             safety = self.store.get(journal["safety"]) if journal.get("safety") else None
-            self._finish_rewind(journal, safety, rescan=True)
+            self._finish_rewind(journal, safety, recovering=True)
         except (IntegrityError, NotFoundError) as exc:
             # The target is damaged: the workspace went back to its safety checkpoint and the
             # journal is gone, so this command can go on; say what happened.
@@ -665,7 +665,7 @@ class Session:
             # the next stashpoint command run inside the new directory.
             journal = other._journal(target, None, branch=branch)
             self._write_link_file(dest, branch)
-            other._finish_rewind(journal, None, rescan=True)
+            other._finish_rewind(journal, None, recovering=False)
             return other
         safety = None
         if self.workspace is not None and target.workspace is not None:
@@ -674,7 +674,7 @@ class Session:
         self._set_checkout(branch)
         journal = self._journal(target, safety, branch=branch)
         self.branch, self._head_loaded = branch, False
-        self._finish_rewind(journal, safety, rescan=False)
+        self._finish_rewind(journal, safety, recovering=False)
         return self
 
     def _write_link_file(self, dest: Path, branch: str) -> None:

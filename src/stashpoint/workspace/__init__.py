@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import hashlib
 import os
+import stat
 from pathlib import Path
 
 from ..blobs.objects import Blobs
 from ..errors import IntegrityError, UsageError
+from ..model import TreeEntry
 from ..stores.base import BlobRow
 from .restore import Restorer, RestoreStats, clean_temp_files
 from .scan import Progress, Scanner, ScanResult
@@ -96,8 +98,39 @@ class Workspace:
             self._pending_cache = None
 
     def restore(self, current: bytes | None, target: bytes) -> RestoreStats:
-        stats = Restorer(self.reader).apply(os.fsencode(self.root), current, target)
+        """Make the directory (now tree ``current``) match ``target``, then check every path
+        the restore touched. Paths it did not touch were equal in both trees."""
+        restorer = Restorer(self.reader)
+        stats = restorer.apply(os.fsencode(self.root), current, target)
+        self._check_touched(restorer.touched, set(stats.kept_dirs))
         return stats
+
+    def _check_touched(
+        self, touched: list[tuple[bytes, TreeEntry | None]], kept: set[bytes]
+    ) -> None:
+        root = os.fsencode(self.root)
+        for rel, want in touched:
+            path = root + b"/" + rel
+            try:
+                st = os.lstat(path)
+            except FileNotFoundError:
+                st = None
+            if want is None:
+                ok = st is None or (rel in kept and stat.S_ISDIR(st.st_mode))
+            elif st is None:
+                ok = False
+            elif want.kind == "f":
+                ok = stat.S_ISREG(st.st_mode) and st.st_size == want.size
+                ok = ok and st.st_mode & 0o7777 == want.mode
+            elif want.kind == "d":
+                ok = stat.S_ISDIR(st.st_mode) and st.st_mode & 0o7777 == want.mode
+            else:
+                ok = stat.S_ISLNK(st.st_mode) and os.readlink(path) == want.ref
+            if not ok:
+                raise IntegrityError(
+                    f"{os.fsdecode(rel)} in {self.root} is not what the restore wrote "
+                    "(was it modified while the restore ran?); run the command again"
+                )
 
     def verify_equals(self, target: bytes, kept_dirs: list[bytes] | None = None) -> None:
         """Re-scan and check the directory now matches ``target``.

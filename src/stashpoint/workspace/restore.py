@@ -43,6 +43,8 @@ class Restorer:
         self.reader = reader
         self.blobs = reader.blobs
         self.stats = RestoreStats()
+        self.touched: list[tuple[bytes, TreeEntry | None]] = []
+        """Every path the restore changed, with what it should now be (None: gone)."""
 
     def apply(self, root: bytes, current: bytes | None, target: bytes) -> RestoreStats:
         """Turn ``root`` (whose content is tree ``current``) into tree ``target``."""
@@ -65,7 +67,10 @@ class Restorer:
         tgt = self.reader.load(target) if target is not None else {}
         for name in sorted(cur.keys() | tgt.keys()):
             c, t = cur.get(name), tgt.get(name)
+            if c == t:
+                continue
             crel = rel + b"/" + name if rel else name
+            self.touched.append((crel, t))
             if not validate_name(name):  # pragma: no cover - TreeReader already refuses these
                 raise StashpointError(f"refusing unsafe name {name!r}")
             if t is None:
