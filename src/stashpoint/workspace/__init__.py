@@ -113,7 +113,7 @@ class Workspace:
             path = root + b"/" + rel
             try:
                 st = os.lstat(path)
-            except FileNotFoundError:
+            except (FileNotFoundError, NotADirectoryError):
                 st = None
             if want is None:
                 ok = st is None or (rel in kept and stat.S_ISDIR(st.st_mode))
