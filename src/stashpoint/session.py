@@ -96,6 +96,9 @@ class Session:
         packages: distributions whose versions are recorded with each checkpoint.
         conversation_key: state key holding the message list, stored as an append-only log.
         force: allow a workspace at ``/`` or ``$HOME``.
+        watch: keep an inotify watch on the workspace (Linux) so that each snapshot re-reads
+            only the directories that changed instead of stat-ing every file; for long-running
+            agents that checkpoint often. Falls back to scanning wherever it cannot vouch.
     """
 
     def __init__(
@@ -110,6 +113,7 @@ class Session:
         packages: Iterable[str] = (),
         conversation_key: str = "messages",
         force: bool = False,
+        watch: bool = False,
     ) -> None:
         if not name or "\0" in name:
             raise UsageError("a session needs a non-empty name")
@@ -131,6 +135,7 @@ class Session:
                 epoch=store.gc_epoch,
                 cache_dir=store.cache_dir,
                 exclude=exclude,
+                watch=watch,
             )
         if branch is None:
             branch = self._checkout_branch() or "main"

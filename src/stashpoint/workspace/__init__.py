@@ -15,6 +15,7 @@ from .restore import Restorer, RestoreStats, clean_temp_files
 from .scan import Progress, Scanner, ScanResult
 from .statcache import StatCache
 from .tree import Change, TreeReader
+from .watch import Watcher, watch_supported
 
 __all__ = ["Change", "RestoreStats", "ScanResult", "TreeReader", "Workspace", "check_root"]
 
@@ -47,8 +48,12 @@ class Workspace:
         epoch: str,
         cache_dir: Path | None,
         exclude: tuple[Path, ...] = (),
+        watch: bool = False,
     ) -> None:
         self.root = root
+        self.watcher: Watcher | None = None
+        if watch and watch_supported():
+            self.watcher = Watcher(os.fsencode(root))
         self.blobs = blobs
         self._store_id = store_id
         self._epoch = epoch
@@ -57,12 +62,15 @@ class Workspace:
         self._exclude = frozenset(os.fsencode(p) for p in exclude)
         self.reader = TreeReader(blobs)
         self._pending_cache: StatCache | None = None
+        self._scanned: StatCache | None = None
         self._mem_cache: StatCache | None = None
         self._mem_stamp: tuple[int, int, int] | None = None
 
     def _cache(self) -> StatCache:
         # Reuse the cache this object saved last time unless another process replaced the
         # file since (decoding 10k entries costs ~7 ms of a ~60 ms incremental snapshot).
+        if self._mem_cache is not None and self._cache_path is None:
+            return self._mem_cache
         if self._mem_cache is not None and self._cache_path is not None:
             try:
                 st = self._cache_path.stat()
@@ -75,18 +83,32 @@ class Workspace:
     def scan(self, *, progress: Progress | None = None) -> tuple[ScanResult, list[BlobRow]]:
         """Snapshot the directory; returns the result and the blob rows still to commit."""
         writer = self.blobs.writer()
+        if self.watcher is not None:
+            self.watcher.drain()  # every change made before this call is in the queue now
         scanner = Scanner(
-            os.fsencode(self.root), writer, self._cache(), exclude=self._exclude, progress=progress
+            os.fsencode(self.root),
+            writer,
+            self._cache(),
+            exclude=self._exclude,
+            progress=progress,
+            watcher=self.watcher,
         )
         result = scanner.run()
         pending = writer.take_pending()
+        self._scanned = scanner.new
         self._pending_cache = scanner.new if scanner.cache_changed else None
-        if self._pending_cache is None:
-            self._mem_cache = scanner.new
         return result, pending
 
     def save_cache(self) -> None:
-        """Persist the stat cache of the last scan (call after its checkpoint committed)."""
+        """Persist the stat cache of the last scan (call after its checkpoint committed).
+
+        Only now does the scan become the baseline the watcher's events are relative to.
+        """
+        if self._scanned is not None:
+            self._mem_cache = self._scanned
+            self._scanned = None
+            if self.watcher is not None:
+                self.watcher.settle()
         cache = self._pending_cache
         if cache is not None and self._cache_path is not None:
             try:

@@ -24,7 +24,9 @@ from ..blobs.objects import BlobWriter
 from ..errors import StashpointError
 from ..model import TreeEntry
 from .ignore import ALWAYS_EXCLUDED, IGNORE_FILES, IgnoreContext
-from .statcache import RACY_WINDOW_NS, StatCache
+from .statcache import RACY_WINDOW_NS, StatCache, TreeCacheEntry
+from .tree import TreeReader
+from .watch import Watcher
 
 __all__ = ["ScanResult", "Scanner", "encode_tree"]
 
@@ -71,11 +73,19 @@ class Scanner:
         *,
         exclude: frozenset[bytes] = frozenset(),
         progress: Progress | None = None,
+        watcher: Watcher | None = None,
     ) -> None:
         self.root = root
         self.writer = writer
         self.old = cache
         self.new = StatCache(cache.store_id, cache.epoch, cache.root)
+        self.watcher = watcher
+        if watcher is not None and not watcher.everything:
+            # Skipped subtrees keep their entries; scanned directories overwrite theirs.
+            self.new.files = dict(cache.files)
+            self.new.dirs = dict(cache.dirs)
+            self.new.trees = dict(cache.trees)
+        self._reader: TreeReader | None = None
         self.exclude = exclude
         self.progress = progress
         self._racy_after = time.time_ns() - RACY_WINDOW_NS
@@ -106,6 +116,15 @@ class Scanner:
         self, path: bytes, rel: bytes, ctx: IgnoreContext, dst: os.stat_result
     ) -> tuple[bytes, int, int, bool]:
         """(tree digest, files, bytes, changed since the cached scan)."""
+        w = self.watcher
+        if w is not None:
+            cached = self.old.trees.get(rel)
+            if cached is not None and w.subtree_clean(rel):
+                self.new.trees[rel] = cached
+                return cached[4], cached[5], cached[6], False
+            if cached is not None and w.is_clean(rel):
+                return self._scan_partial(path, rel, ctx, cached)
+            w.watch(rel)  # before listing: a change after the listing becomes an event
         with os.scandir(path) as it:
             listing = list(it)
         texts = []
@@ -191,8 +210,57 @@ class Scanner:
         digest = hashlib.sha256(data).digest()
         self.writer.add(data, digest)
         if dst.st_mtime_ns < self._racy_after:
-            self.new.trees[rel] = (*dkey, digest)
+            self.new.trees[rel] = (*dkey, digest, nfiles, nbytes)
+        else:
+            # Racy: a scan may not infer "listing unchanged" from this stat (mtime -1 never
+            # matches), but watch mode, which relies on events instead, may reuse the tree.
+            self.new.trees[rel] = (-1, -1, -1, ctx.signature, digest, nfiles, nbytes)
         return digest, nfiles, nbytes, cached is None or cached[4] != digest
+
+    def _scan_partial(
+        self, path: bytes, rel: bytes, ctx: IgnoreContext, cached: TreeCacheEntry
+    ) -> tuple[bytes, int, int, bool]:
+        """Watch mode: this directory's own entries are unchanged (no event), but something
+        below it changed. Reuse its stored tree and descend only into its subdirectories."""
+        if self._reader is None:
+            self._reader = TreeReader(self.writer.blobs)
+        entries = self._reader.load(cached[4])
+        texts = []
+        for name in IGNORE_FILES:
+            e = entries.get(name)
+            if e is not None and e.kind == "f":
+                with open(path + b"/" + name, "rb") as f:
+                    texts.append(f.read())
+        ctx = ctx.child(rel, texts)
+        prefix = rel + b"/" if rel else b""
+        out: list[TreeEntry] = []
+        nfiles = nbytes = 0
+        changed = False
+        for name, e in entries.items():
+            if e.kind == "d":
+                sub_path = path + b"/" + name
+                sub, n, b, sub_changed = self._scan_dir(
+                    sub_path, prefix + name, ctx, os.lstat(sub_path)
+                )
+                changed = changed or sub_changed
+                e = TreeEntry(name, "d", e.mode, 0, sub)
+                nfiles += n
+                nbytes += b
+            else:
+                nfiles += 1
+                nbytes += e.size if e.kind == "f" else 0
+            out.append(e)
+        if not changed:
+            self.new.trees[rel] = cached
+            return cached[4], nfiles, nbytes, False
+        out.sort(key=_by_name)
+        data = encode_tree(out)
+        digest = hashlib.sha256(data).digest()
+        self.writer.add(data, digest)
+        self.new.trees[rel] = (*cached[:4], digest, nfiles, nbytes)
+        if rel == b"":
+            self._result.files, self._result.bytes = nfiles, nbytes
+        return digest, nfiles, nbytes, True
 
     def _read_file(self, path: bytes, rel: bytes, st: os.stat_result) -> tuple[bytes, int]:
         """Read, hash and store a file the stat cache could not vouch for."""

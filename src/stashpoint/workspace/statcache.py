@@ -19,11 +19,12 @@ import msgspec
 
 from .._fsutil import atomic_write
 
-__all__ = ["RACY_WINDOW_NS", "StatCache", "StatKey"]
+__all__ = ["RACY_WINDOW_NS", "StatCache", "StatKey", "TreeCacheEntry"]
 
 RACY_WINDOW_NS = 50_000_000
-_VERSION = 2
+_VERSION = 3
 
+TreeCacheEntry = tuple[int, int, int, bytes, bytes, int, int]
 StatKey = tuple[int, int, int, int, int]
 """(size, mtime_ns, ctime_ns, inode, st_mode)"""
 
@@ -38,7 +39,7 @@ class _Disk(msgspec.Struct, array_like=True):
     dirs: list[bytes]
     dir_sigs: list[bytes]
     tree_dirs: list[bytes]
-    trees: list[tuple[int, int, int, bytes, bytes]]
+    trees: list[TreeCacheEntry]
 
 
 class StatCache:
@@ -49,8 +50,9 @@ class StatCache:
         self.files: dict[bytes, tuple[int, int, int, int, int, bytes]] = {}
         self.dirs: dict[bytes, bytes] = {}
         """Directory relpath -> signature of the ignore rules it was scanned under."""
-        self.trees: dict[bytes, tuple[int, int, int, bytes, bytes]] = {}
-        """Directory relpath -> (mtime_ns, ctime_ns, inode, ignore signature, tree digest)."""
+        self.trees: dict[bytes, TreeCacheEntry] = {}
+        """Directory relpath -> (mtime_ns, ctime_ns, inode, ignore signature, tree digest,
+        files below, bytes below)."""
 
     @classmethod
     def load(cls, path: Path | None, store_id: str, epoch: str, root: str) -> StatCache:

@@ -1,0 +1,117 @@
+"""Watch mode (inotify) must see every change a full scan sees, and skip what did not change."""
+
+from __future__ import annotations
+
+import os
+import random
+import shutil
+from pathlib import Path
+
+import pytest
+
+import stashpoint
+from stashpoint.workspace.watch import watch_supported
+
+pytestmark = pytest.mark.skipif(not watch_supported(), reason="inotify is Linux-only")
+
+
+def _reference_tree(tmp_path: Path, ws: Path, i: int) -> str:
+    """The tree a plain full scan (fresh store, no cache, no watcher) gives."""
+    ref = stashpoint.open(tmp_path / f"ref{i}")
+    cp = ref.session("r", workspace=ws).checkpoint()
+    ref.close()
+    shutil.rmtree(tmp_path / f"ref{i}")
+    assert cp.workspace is not None
+    return cp.workspace.tree
+
+
+def _mutate(ws: Path, rng: random.Random, i: int) -> None:
+    dirs = [p for p in ws.rglob("*") if p.is_dir() and ".stashpoint" not in p.parts]
+    files = [p for p in ws.rglob("*") if p.is_file() and ".stashpoint" not in p.parts]
+    op = rng.choice(
+        ["edit", "edit", "create", "delete", "mkdir", "rmtree", "move", "chmod", "link"]
+    )
+    if op == "edit" and files:
+        f = rng.choice(files)
+        f.write_bytes(f.read_bytes()[:-1] + bytes([rng.randrange(97, 123)]))  # same size
+    elif op == "create" and dirs:
+        (rng.choice(dirs) / f"new{i}.txt").write_text(f"new {i}")
+    elif op == "delete" and files:
+        rng.choice(files).unlink()
+    elif op == "mkdir" and dirs:
+        d = rng.choice(dirs) / f"d{i}"
+        d.mkdir()
+        (d / "inner.txt").write_text("inner")
+    elif op == "rmtree" and len(dirs) > 3:
+        shutil.rmtree(rng.choice(dirs[1:]))
+    elif op == "move" and len(dirs) > 3:
+        src = rng.choice(dirs[1:])
+        if src.exists():
+            os.rename(src, ws / f"moved{i}")
+    elif op == "chmod" and files:
+        f = rng.choice(files)
+        f.chmod(f.stat().st_mode ^ 0o100)
+    elif op == "link" and dirs:
+        os.symlink(f"target{i}", rng.choice(dirs) / f"link{i}")
+
+
+def test_watch_mode_sees_everything_a_scan_sees(tmp_path: Path) -> None:
+    ws = tmp_path / "ws"
+    for a in range(3):
+        for b in range(3):
+            d = ws / f"a{a}" / f"b{b}"
+            d.mkdir(parents=True)
+            for c in range(4):
+                (d / f"f{c}.txt").write_text(f"{a}{b}{c}" * 20)
+    store = stashpoint.open(tmp_path / "store")
+    run = store.session("s", workspace=ws, watch=True)
+    assert run.workspace is not None and run.workspace.watcher is not None
+    rng = random.Random(7)
+    for i in range(60):
+        for _ in range(rng.randint(0, 3)):
+            _mutate(ws, rng, i)
+        cp = run.checkpoint()
+        assert cp.workspace is not None
+        assert cp.workspace.tree == _reference_tree(tmp_path, ws, i), f"step {i}"
+
+
+def test_watch_mode_follows_ignore_rule_changes(tmp_path: Path) -> None:
+    ws = tmp_path / "ws"
+    (ws / "sub").mkdir(parents=True)
+    (ws / "sub" / "x.log").write_text("log")
+    (ws / "sub" / "y.txt").write_text("txt")
+    run = stashpoint.open(tmp_path / "store").session("s", workspace=ws, watch=True)
+    run.checkpoint()
+    (ws / ".gitignore").write_text("*.log\n")
+    cp = run.checkpoint()
+    assert cp.workspace is not None
+    assert cp.workspace.tree == _reference_tree(tmp_path, ws, 0)
+    assert cp.workspace.files == 2  # .gitignore and sub/y.txt
+
+
+def test_watch_mode_reads_only_the_changed_directory(tmp_path: Path) -> None:
+    ws = tmp_path / "ws"
+    for a in range(20):
+        (ws / f"d{a}").mkdir(parents=True)
+        for c in range(20):
+            (ws / f"d{a}" / f"f{c}.txt").write_text(f"{a}-{c}")
+    run = stashpoint.open(tmp_path / "store").session("s", workspace=ws, watch=True)
+    run.checkpoint()
+    workspace = run.workspace
+    assert workspace is not None
+    listed: list[bytes] = []
+    real_scandir = os.scandir
+
+    def spy(path: bytes) -> object:
+        listed.append(path)
+        return real_scandir(path)
+
+    (ws / "d7" / "f3.txt").write_text("changed")
+    os.scandir = spy  # type: ignore[assignment]
+    try:
+        cp = run.checkpoint()
+    finally:
+        os.scandir = real_scandir
+    assert [os.path.basename(p) for p in listed] == [b"d7"]
+    assert cp.workspace is not None and cp.workspace.files == 400
+    assert cp.workspace.tree == _reference_tree(tmp_path, ws, 1)
