@@ -31,6 +31,7 @@ MIGRATIONS: list[str] = [
     CREATE TABLE IF NOT EXISTS logs(
         id TEXT PRIMARY KEY, session TEXT NOT NULL, parent TEXT,
         parent_len INTEGER NOT NULL, length INTEGER NOT NULL) WITHOUT ROWID;
+    -- logs.length is the length at creation, the live tip is MAX(messages.idx) + 1
     CREATE TABLE IF NOT EXISTS messages(
         log TEXT NOT NULL, idx INTEGER NOT NULL, chain BLOB NOT NULL, data BLOB NOT NULL,
         PRIMARY KEY(log, idx)) WITHOUT ROWID;
@@ -160,8 +161,15 @@ class SqliteStore(MetadataStore):
 
     # -- logs -----------------------------------------------------------------------------
     def log_info(self, log: str) -> LogInfo | None:
-        rows = self._read("SELECT session, parent, parent_len, length FROM logs WHERE id=?", (log,))
-        return LogInfo(*rows[0]) if rows else None
+        rows = self._read(
+            "SELECT session, parent, parent_len, "
+            "(SELECT MAX(idx) + 1 FROM messages WHERE log=logs.id) FROM logs WHERE id=?",
+            (log,),
+        )
+        if not rows:
+            return None
+        session, parent, parent_len, tip = rows[0]
+        return LogInfo(session, parent, parent_len, parent_len if tip is None else tip)
 
     def read_messages(self, log: str, start: int, stop: int) -> list[MessageRow]:
         rows = self._read(
@@ -171,8 +179,15 @@ class SqliteStore(MetadataStore):
         return [MessageRow(int(i), bytes(c), bytes(d)) for i, c, d in rows]
 
     def iter_logs(self) -> Iterator[tuple[str, LogInfo]]:
-        for row in self._read("SELECT id, session, parent, parent_len, length FROM logs"):
-            yield str(row[0]), LogInfo(*row[1:])
+        rows = self._read(
+            "SELECT id, session, parent, parent_len, "
+            "(SELECT MAX(idx) + 1 FROM messages WHERE log=logs.id) FROM logs"
+        )
+        for ident, session, parent, parent_len, tip in rows:
+            yield (
+                str(ident),
+                LogInfo(session, parent, parent_len, parent_len if tip is None else tip),
+            )
 
     # -- checkpoints ----------------------------------------------------------------------
     def commit(self, commit: Commit) -> None:
@@ -306,9 +321,13 @@ def _apply_commit(db: sqlite3.Connection, c: Commit) -> None:
                 "INSERT INTO logs(id, session, parent, parent_len, length) VALUES (?,?,?,?,?)",
                 (a.log, a.new.session, a.new.parent, a.new.parent_len, a.new.length),
             )
-        end = a.start + len(a.messages)
-        cur = db.execute("UPDATE logs SET length=? WHERE id=? AND length=?", (end, a.log, a.start))
-        if cur.rowcount != 1:
+        # The log's tip is its last message row (no counter to update: one page fewer to write
+        # per checkpoint); appending anywhere but at the tip is a conflict.
+        (tip,) = db.execute("SELECT MAX(idx) + 1 FROM messages WHERE log=?", (a.log,)).fetchone()
+        if tip is None:
+            row_ = db.execute("SELECT parent_len FROM logs WHERE id=?", (a.log,)).fetchone()
+            tip = row_[0] if row_ else None
+        if tip != a.start:
             raise ConflictError(f"conversation log {a.log} grew under us; retry")
         db.executemany(
             "INSERT INTO messages(log, idx, chain, data) VALUES (?,?,?,?)",
