@@ -38,7 +38,7 @@ def test_state_round_trip_and_history(store: stashpoint.Store) -> None:
     assert cp2.parent == cp1.id and cp2.parent_digest == cp1.digest
     assert cp2.step == cp1.step + 1
     assert run.resolve("two") == cp2.id
-    assert run.resolve(cp1.id[:10]) == cp1.id
+    assert run.resolve(cp1.id[:16]) == cp1.id
     assert run.resolve("HEAD~1") == cp1.id
     with pytest.raises(NotFoundError):
         run.get("nope")
@@ -368,3 +368,13 @@ def test_concurrent_writers_lose_nothing(store: stashpoint.Store) -> None:
         seen += 1
         node = store.get(node.parent) if node.parent else None
     assert seen == procs * per
+
+
+def test_ids_sort_by_time_and_short_forms_differ_within_a_millisecond() -> None:
+    from stashpoint._ids import id_time_ms, is_id, new_id
+
+    ids = [new_id() for _ in range(2000)]
+    assert ids == sorted(ids) and len(set(ids)) == len(ids) and all(map(is_id, ids))
+    assert all(id_time_ms(b) >= id_time_ms(a) for a, b in zip(ids, ids[1:], strict=False))
+    first_two = [new_id(), new_id()]
+    assert first_two[0][:12] != first_two[1][:12] or first_two[0][:10] != first_two[1][:10]

@@ -46,22 +46,29 @@ def atomic_write(path: Path, data: bytes, *, mode: int = 0o600, durable: bool = 
         fsync_dir(path.parent)
 
 
-def sweep_temp_files(root: Path, *, recursive: bool = True) -> int:
+def sweep_temp_files(
+    root: Path,
+    *,
+    recursive: bool = True,
+    skip_dirs: frozenset[str] = frozenset(),
+    only_dead_writers: bool = True,
+) -> int:
     """Remove temp files left by writers that died (kill -9) before renaming them.
 
-    A temp file's name ends in the writer's pid; files of live processes are left alone, so
-    this is safe to run while other processes write.
+    With ``only_dead_writers``, a temp file whose name ends in the pid of a live process is
+    left alone, so this is safe to run while other processes write.
     """
     removed = 0
     if not root.is_dir():
         return 0
     walker = os.walk(root) if recursive else [(str(root), [], os.listdir(root))]
-    for dirpath, _dirs, files in walker:
+    for dirpath, dirs, files in walker:
+        dirs[:] = [d for d in dirs if d not in skip_dirs]
         for name in files:
             if not name.startswith(TMP_MARK):
                 continue
             pid_text = name.rsplit(".", 1)[-1]
-            if pid_text.isdigit() and _alive(int(pid_text)):
+            if only_dead_writers and pid_text.isdigit() and _alive(int(pid_text)):
                 continue
             try:
                 os.unlink(os.path.join(dirpath, name))

@@ -1,7 +1,9 @@
 """Time-sortable identifiers (ULID layout: 48-bit milliseconds + 80 random bits, Crockford base32).
 
 Ids sort by creation time as plain strings, so listing newest-first needs no extra column, and
-ids made within the same millisecond by one process stay ordered (the random part is incremented).
+ids made within the same millisecond by one process stay ordered: the next random part is drawn
+uniformly *above* the previous one (not incremented by one, as the ULID spec suggests), so the
+short prefixes the CLI shows still tell apart checkpoints made in the same millisecond.
 """
 
 from __future__ import annotations
@@ -16,18 +18,24 @@ _ID_RE = re.compile(r"[0-9A-HJKMNP-TV-Z]{26}")
 _lock = threading.Lock()
 _last_ms = -1
 _last_rand = 0
+_MAX_RAND = (1 << 80) - 1
 
 
 def new_id() -> str:
     """A new 26-character id, strictly increasing within this process."""
     global _last_ms, _last_rand
     with _lock:
-        ms = time.time_ns() // 1_000_000
-        if ms <= _last_ms:
-            ms = _last_ms
-            rand = _last_rand + 1
-        else:
-            rand = int.from_bytes(os.urandom(10), "big")
+        while True:
+            ms = time.time_ns() // 1_000_000
+            fresh = int.from_bytes(os.urandom(10), "big")
+            if ms > _last_ms:
+                rand = fresh
+                break
+            room = _MAX_RAND - _last_rand
+            if room > 1 << 16:  # else this millisecond is used up: wait for the next one
+                ms, rand = _last_ms, _last_rand + 1 + fresh % room
+                break
+            time.sleep(0.0002)
         _last_ms, _last_rand = ms, rand
     value = (ms << 80) | (rand & ((1 << 80) - 1))
     chars = []

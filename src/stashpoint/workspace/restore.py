@@ -16,8 +16,9 @@ from __future__ import annotations
 import errno
 import os
 from dataclasses import dataclass, field
+from pathlib import Path
 
-from .._fsutil import TMP_MARK
+from .._fsutil import TMP_MARK, sweep_temp_files
 from ..errors import StashpointError
 from ..model import TreeEntry
 from .tree import TreeReader, validate_name
@@ -183,14 +184,8 @@ class Restorer:
 
 def clean_temp_files(root: bytes) -> int:
     """Remove temp files an interrupted restore left behind; returns how many."""
-    removed = 0
-    for dirpath, dirnames, filenames in os.walk(root):
-        dirnames[:] = [d for d in dirnames if d not in (b".git", b".stashpoint")]
-        for name in filenames:
-            if name.startswith(_TMP):
-                try:
-                    os.unlink(os.path.join(dirpath, name))
-                    removed += 1
-                except FileNotFoundError:
-                    pass
-    return removed
+    return sweep_temp_files(
+        Path(os.fsdecode(root)),
+        skip_dirs=frozenset({".git", ".stashpoint"}),
+        only_dead_writers=False,  # restore temp names carry no pid; the journal says they are ours
+    )

@@ -205,10 +205,7 @@ class Scanner:
         if reusable and cached is not None and self._result.read_files == reads_before:
             self.new.trees[rel] = cached
             return cached[4], nfiles, nbytes, False
-        entries.sort(key=_by_name)
-        data = encode_tree(entries)
-        digest = hashlib.sha256(data).digest()
-        self.writer.add(data, digest)
+        digest = self._store_tree(entries)
         if dst.st_mtime_ns < self._racy_after:
             self.new.trees[rel] = (*dkey, digest, nfiles, nbytes)
         else:
@@ -216,6 +213,14 @@ class Scanner:
             # matches), but watch mode, which relies on events instead, may reuse the tree.
             self.new.trees[rel] = (-1, -1, -1, ctx.signature, digest, nfiles, nbytes)
         return digest, nfiles, nbytes, cached is None or cached[4] != digest
+
+    def _store_tree(self, entries: list[TreeEntry]) -> bytes:
+        """Encode one directory's tree object, queue it for storing, return its digest."""
+        entries.sort(key=_by_name)
+        data = encode_tree(entries)
+        digest = hashlib.sha256(data).digest()
+        self.writer.add(data, digest)
+        return digest
 
     def _scan_partial(
         self, path: bytes, rel: bytes, ctx: IgnoreContext, cached: TreeCacheEntry
@@ -253,10 +258,7 @@ class Scanner:
         if not changed:
             self.new.trees[rel] = cached
             return cached[4], nfiles, nbytes, False
-        out.sort(key=_by_name)
-        data = encode_tree(out)
-        digest = hashlib.sha256(data).digest()
-        self.writer.add(data, digest)
+        digest = self._store_tree(out)
         self.new.trees[rel] = (*cached[:4], digest, nfiles, nbytes)
         if rel == b"":
             self._result.files, self._result.bytes = nfiles, nbytes
