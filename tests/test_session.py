@@ -377,4 +377,3 @@ def test_ids_are_unique_and_sort_by_time() -> None:
     ids = [new_id() for _ in range(2000)]
     assert ids == sorted(ids) and len(set(ids)) == len(ids) and all(map(is_id, ids))
     assert all(id_time_ms(b) >= id_time_ms(a) for a, b in itertools.pairwise(ids))
-    )
