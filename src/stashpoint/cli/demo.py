@@ -158,6 +158,14 @@ def run_demo(directory: Path | None, *, json_out: bool = False) -> dict[str, Any
     )
     for c in d.files:
         say(f"  {c.status:>9}  {c.path.decode()}")
+    from .textdiff import file_diff
+
+    for c in d.files:
+        if c.path == b"calc.py":
+            say(click.style("\nstashpoint diff, calc.py:", bold=True))
+            for line in file_diff(store.blobs, c, "calc.py").splitlines():
+                color = "red" if line.startswith("-") else "green" if line.startswith("+") else None
+                say("  " + click.style(line, fg=color))
     say(click.style("\nExplore it yourself:", bold=True))
     say(f"  cd {ws}")
     say("  stashpoint log --graph")
