@@ -120,4 +120,7 @@ class TreeEntry(msgspec.Struct, frozen=True, array_like=True):
 
 
 def utc_now_iso() -> str:
-    return dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    """``2026-11-21T23:59:04.123456Z`` (isoformat is ~4x cheaper than strftime per step)."""
+    return (
+        dt.datetime.now(dt.timezone.utc).replace(tzinfo=None).isoformat("T", "microseconds") + "Z"
+    )
