@@ -151,13 +151,6 @@ class Blobs:
     def read(self, digest: bytes) -> bytes:
         return b"".join(self.iter_content(digest))
 
-    def chunk_list(self, digest: bytes) -> list[bytes]:
-        """The chunk digests of a chunked blob ([] for a plain one)."""
-        codec, _size, data = self._fetch(digest)
-        if codec != BlobCodec.CHUNKS:
-            return []
-        return [data[i : i + 32] for i in range(0, len(data), 32)]
-
     def has(self, digests: Iterable[bytes]) -> set[bytes]:
         wanted = set(digests)
         found = self.meta.has_blobs(wanted)

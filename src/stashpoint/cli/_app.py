@@ -8,8 +8,6 @@ Exit codes (SPEC C19, also in README): 0 ok, 1 usage or user error, 2 integrity 
 from __future__ import annotations
 
 import json
-import os
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -138,12 +136,3 @@ def json_option(f: Any) -> Any:
 
 def short(ident: str | None) -> str:
     return ident[:12] if ident else "-"
-
-
-def fail(message: str, code: int = EXIT_USER) -> None:
-    click.echo(f"error: {message}", err=True)
-    sys.exit(code)
-
-
-def env_flag(name: str) -> bool:
-    return os.environ.get(name, "").lower() in ("1", "true", "yes")

@@ -183,6 +183,3 @@ class Workspace:
 
     def clean_temp_files(self) -> int:
         return clean_temp_files(os.fsencode(self.root))
-
-    def diff(self, a: bytes | None, b: bytes | None) -> list[Change]:
-        return list(self.reader.diff(a, b))

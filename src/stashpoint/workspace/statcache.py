@@ -12,21 +12,18 @@ correctness. It records the store id and GC epoch, so blobs it vouches for are k
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import msgspec
 
 from .._fsutil import atomic_write
 
-__all__ = ["RACY_WINDOW_NS", "StatCache", "StatKey", "TreeCacheEntry"]
+__all__ = ["RACY_WINDOW_NS", "StatCache", "TreeCacheEntry"]
 
 RACY_WINDOW_NS = 50_000_000
 _VERSION = 3
 
 TreeCacheEntry = tuple[int, int, int, bytes, bytes, int, int]
-StatKey = tuple[int, int, int, int, int]
-"""(size, mtime_ns, ctime_ns, inode, st_mode)"""
 
 
 class _Disk(msgspec.Struct, array_like=True):
@@ -91,7 +88,3 @@ class StatCache:
         path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
         # Not fsynced: losing the cache costs a re-hash, never a wrong snapshot.
         atomic_write(path, msgspec.msgpack.encode(disk), durable=False)
-
-
-def stat_key(st: os.stat_result) -> StatKey:
-    return (st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino, st.st_mode)
