@@ -377,3 +377,16 @@ def test_ids_are_unique_and_sort_by_time() -> None:
     ids = [new_id() for _ in range(2000)]
     assert ids == sorted(ids) and len(set(ids)) == len(ids) and all(map(is_id, ids))
     assert all(id_time_ms(b) >= id_time_ms(a) for a, b in itertools.pairwise(ids))
+
+
+def test_memory_store_keeps_chunked_files(tmp_path: Path) -> None:
+    """Stores without a blob directory keep large files' chunks with the other blobs."""
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    data = os.urandom(3 * 1024 * 1024 + 7)
+    (ws / "big.bin").write_bytes(data)
+    run = stashpoint.open("memory://").session("s", workspace=ws)
+    cp = run.checkpoint()
+    (ws / "big.bin").write_bytes(b"x")
+    run.rewind(cp.id)
+    assert (ws / "big.bin").read_bytes() == data

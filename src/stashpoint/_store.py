@@ -179,13 +179,18 @@ class Store:
 def open_store(url: str | os.PathLike[str] | None = None, *, key: bytes | None = None) -> Store:
     """Open a store by URL or path; default ``./.stashpoint`` (SQLite + local blobs).
 
-    Accepted: a directory path, ``sqlite:///path/to/dir`` (or ``…/file.db``), ``memory://``.
+    Accepted: a directory path, ``sqlite:///path/to/dir`` (or ``…/file.db``), ``memory://``,
+    ``postgresql://user@host/db`` (``pip install 'stashpoint[postgres]'``).
     """
     text = os.fspath(url) if url is not None else DEFAULT_DIR
     if text.startswith("memory://"):
         from .stores.memory import MemoryStore
 
         return Store(MemoryStore(), key=key)
+    if text.startswith(("postgresql://", "postgres://")):
+        from .stores.postgres import PostgresStore
+
+        return Store(PostgresStore(text), key=key)  # blobs in the database: shared by all
     if text.startswith("sqlite://"):
         text = text[len("sqlite://") :]
         if text.startswith("/") and not text.startswith("//"):
@@ -195,7 +200,7 @@ def open_store(url: str | os.PathLike[str] | None = None, *, key: bytes | None =
         scheme = text.split("://", 1)[0]
         raise UsageError(
             f"unsupported store URL scheme {scheme!r}: this build knows sqlite:// (default, "
-            "or a plain path) and memory://"
+            "or a plain path), postgresql:// and memory://"
         )
     path = Path(text).expanduser()
     from .stores.sqlite import SqliteStore

@@ -231,13 +231,12 @@ class BlobWriter:
 
     def _put_chunk(self, piece: bytes) -> bytes:
         digest = hashlib.sha256(piece).digest()
+        local = self.blobs.local
+        if local is None:  # no blob directory (memory, PostgreSQL): chunks go with the rest
+            return self.add(piece, digest)
         if digest in self._seen:
             return digest
         self._seen.add(digest)
-        local = self.blobs.local
-        if local is None:
-            self.add(piece, digest)
-            return digest
         if not local.has(digest):
             row = self.blobs.encode(digest, piece)
             local.put(digest, row.codec, row.size, row.data)
