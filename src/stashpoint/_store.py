@@ -180,7 +180,8 @@ def open_store(url: str | os.PathLike[str] | None = None, *, key: bytes | None =
     """Open a store by URL or path; default ``./.stashpoint`` (SQLite + local blobs).
 
     Accepted: a directory path, ``sqlite:///path/to/dir`` (or ``…/file.db``), ``memory://``,
-    ``postgresql://user@host/db`` (``pip install 'stashpoint[postgres]'``).
+    ``postgresql://user@host/db`` (``pip install 'stashpoint[postgres]'``),
+    ``redis://host:6379/0?prefix=sp:`` (``pip install 'stashpoint[redis]'``).
     """
     text = os.fspath(url) if url is not None else DEFAULT_DIR
     if text.startswith("memory://"):
@@ -191,6 +192,10 @@ def open_store(url: str | os.PathLike[str] | None = None, *, key: bytes | None =
         from .stores.postgres import PostgresStore
 
         return Store(PostgresStore(text), key=key)  # blobs in the database: shared by all
+    if text.startswith(("redis://", "rediss://", "unix://")):
+        from .stores.redis import RedisStore
+
+        return Store(RedisStore(text), key=key)
     if text.startswith("sqlite://"):
         text = text[len("sqlite://") :]
         if text.startswith("/") and not text.startswith("//"):
@@ -200,7 +205,7 @@ def open_store(url: str | os.PathLike[str] | None = None, *, key: bytes | None =
         scheme = text.split("://", 1)[0]
         raise UsageError(
             f"unsupported store URL scheme {scheme!r}: this build knows sqlite:// (default, "
-            "or a plain path), postgresql:// and memory://"
+            "or a plain path), postgresql://, redis:// and memory://"
         )
     path = Path(text).expanduser()
     from .stores.sqlite import SqliteStore

@@ -1,0 +1,286 @@
+"""Redis metadata store (redis-py): fast shared state for short-lived or cache-like deployments.
+
+Every commit runs as one Lua script, so the head compare-and-set, the log-tip check and all the
+writes are atomic on the server. Durability is Redis's own: with the default RDB snapshots a
+crash of the *server* can lose recent checkpoints (whole ones: the script is atomic). Use
+``appendonly yes`` with ``appendfsync always`` for fsync-per-checkpoint durability, or
+``everysec`` to lose at most a second.
+
+Layout, all under one key prefix (default ``sp:``): ``meta`` hash; ``blob:<hex>`` strings
+(codec byte + 8-byte size + data); ``log:<id>`` hashes and ``msgs:<id>`` hashes of index ->
+chain + data; ``cp:<id>`` hashes; ``cps:<session>`` and ``cpids`` sorted sets (lexicographic,
+ids sort by time); ``heads:<session>``, ``labels:<session>`` hashes; ``sessions``, ``logs`` sets.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator, Sequence
+from typing import Any
+from urllib.parse import parse_qs, urlsplit
+
+from ..errors import ConflictError, StoreError, UsageError
+from .base import BlobRow, CheckpointRow, Commit, LogInfo, MessageRow, MetadataStore
+
+__all__ = ["RedisStore"]
+
+# ARGV: prefix, id, session, branch, parent, body, digest, move_head, expected,
+#       log, start, new_log(0/1), log_parent, log_parent_len, n_msgs, n_blobs,
+#       then n_msgs (chain..data) values, then n_blobs (digest, packed) pairs.
+_COMMIT = """
+local p = ARGV[1]
+local id, session, branch, parent = ARGV[2], ARGV[3], ARGV[4], ARGV[5]
+local body, digest, move, expected = ARGV[6], ARGV[7], ARGV[8], ARGV[9]
+local log, start, newlog = ARGV[10], tonumber(ARGV[11]), ARGV[12]
+local lparent, lparent_len = ARGV[13], ARGV[14]
+local nmsgs, nblobs = tonumber(ARGV[15]), tonumber(ARGV[16])
+if move == '1' then
+  local cur = redis.call('HGET', p .. 'heads:' .. session, branch)
+  if (expected == '' and cur) or (expected ~= '' and cur ~= expected) then
+    return 'conflict:head'
+  end
+end
+if redis.call('EXISTS', p .. 'cp:' .. id) == 1 then return 'conflict:id' end
+if log ~= '' then
+  if newlog == '1' then
+    if redis.call('EXISTS', p .. 'log:' .. log) == 1 then return 'conflict:log' end
+    redis.call('HSET', p .. 'log:' .. log, 'session', session, 'parent', lparent,
+               'parent_len', lparent_len)
+    redis.call('SADD', p .. 'logs', log)
+  end
+  if redis.call('EXISTS', p .. 'log:' .. log) == 0 then return 'conflict:log' end
+  local plen = tonumber(redis.call('HGET', p .. 'log:' .. log, 'parent_len'))
+  local tip = plen + redis.call('HLEN', p .. 'msgs:' .. log)
+  if tip ~= start then return 'conflict:tip' end
+  for i = 1, nmsgs do
+    redis.call('HSET', p .. 'msgs:' .. log, tostring(start + i - 1), ARGV[16 + i])
+  end
+end
+local base = 16 + nmsgs
+for i = 1, nblobs do
+  redis.call('SET', p .. 'blob:' .. ARGV[base + 2 * i - 1], ARGV[base + 2 * i], 'NX')
+end
+redis.call('HSET', p .. 'cp:' .. id, 'session', session, 'branch', branch, 'parent', parent,
+           'body', body, 'digest', digest)
+redis.call('ZADD', p .. 'cps:' .. session, 0, id)
+redis.call('ZADD', p .. 'cpids', 0, id)
+if move == '1' then
+  redis.call('HSET', p .. 'heads:' .. session, branch, id)
+  redis.call('SADD', p .. 'sessions', session)
+end
+return 'ok'
+"""
+
+_SET_HEAD = """
+local cur = redis.call('HGET', KEYS[1], ARGV[1])
+if (ARGV[3] == '' and cur) or (ARGV[3] ~= '' and cur ~= ARGV[3]) then return 0 end
+redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
+redis.call('SADD', KEYS[2], ARGV[4])
+return 1
+"""
+
+
+def _driver() -> Any:
+    try:
+        import redis
+    except ImportError as exc:  # pragma: no cover - depends on the environment
+        raise UsageError("the Redis store needs redis-py: pip install 'stashpoint[redis]'") from exc
+    return redis
+
+
+def _pack(b: BlobRow) -> bytes:
+    return bytes([b.codec]) + b.size.to_bytes(8, "big") + b.data
+
+
+class RedisStore(MetadataStore):
+    def __init__(self, url: str) -> None:
+        redis = _driver()
+        query = parse_qs(urlsplit(url).query)
+        self.prefix = (query.get("prefix", ["sp:"])[0]).encode()
+        clean = url.split("?", 1)[0]
+        self.url = url
+        self._errors = redis.exceptions
+        try:
+            self._r = redis.Redis.from_url(clean)
+            self._r.ping()
+        except redis.exceptions.RedisError as exc:
+            raise StoreError(f"cannot connect to Redis: {exc}") from exc
+        self._commit = self._r.register_script(_COMMIT)
+        self._set_head = self._r.register_script(_SET_HEAD)
+
+    def _k(self, *parts: str | bytes) -> bytes:
+        return self.prefix + b"".join(p.encode() if isinstance(p, str) else p for p in parts)
+
+    def _call(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except self._errors.RedisError as exc:
+            raise StoreError(f"Redis failed: {exc}") from exc
+
+    # -- meta -----------------------------------------------------------------------------
+    def get_meta(self, key: str) -> str | None:
+        v = self._call(self._r.hget, self._k("meta"), key)
+        return None if v is None else v.decode()
+
+    def set_meta(self, key: str, value: str | None) -> None:
+        if value is None:
+            self._call(self._r.hdel, self._k("meta"), key)
+        else:
+            self._call(self._r.hset, self._k("meta"), key, value)
+
+    # -- blobs ----------------------------------------------------------------------------
+    def has_blobs(self, digests: Iterable[bytes]) -> set[bytes]:
+        wanted = list(digests)
+        if not wanted:
+            return set()
+        pipe = self._r.pipeline(transaction=False)
+        for d in wanted:
+            pipe.exists(self._k("blob:", d.hex()))
+        found = self._call(pipe.execute)
+        return {d for d, ok in zip(wanted, found, strict=True) if ok}
+
+    def put_blobs(self, blobs: Sequence[BlobRow]) -> None:
+        pipe = self._r.pipeline(transaction=True)
+        for b in blobs:
+            pipe.set(self._k("blob:", b.digest.hex()), _pack(b), nx=True)
+        self._call(pipe.execute)
+
+    def get_blob(self, digest: bytes) -> BlobRow | None:
+        raw = self._call(self._r.get, self._k("blob:", digest.hex()))
+        if raw is None:
+            return None
+        return BlobRow(digest, raw[0], int.from_bytes(raw[1:9], "big"), raw[9:])
+
+    def iter_blob_digests(self) -> Iterator[bytes]:
+        skip = len(self._k("blob:"))
+        for key in self._r.scan_iter(match=self._k("blob:*"), count=1000):
+            yield bytes.fromhex(key[skip:].decode())
+
+    # -- logs -----------------------------------------------------------------------------
+    def log_info(self, log: str) -> LogInfo | None:
+        h = self._call(self._r.hgetall, self._k("log:", log))
+        if not h:
+            return None
+        n = self._call(self._r.hlen, self._k("msgs:", log))
+        parent = h[b"parent"].decode() or None
+        plen = int(h[b"parent_len"])
+        return LogInfo(h[b"session"].decode(), parent, plen, plen + n)
+
+    def read_messages(self, log: str, start: int, stop: int) -> list[MessageRow]:
+        if stop <= start:
+            return []
+        fields = [str(i) for i in range(start, stop)]
+        values = self._call(self._r.hmget, self._k("msgs:", log), fields)
+        return [
+            MessageRow(start + i, v[:32], v[32:]) for i, v in enumerate(values) if v is not None
+        ]
+
+    def iter_logs(self) -> Iterator[tuple[str, LogInfo]]:
+        for raw in self._call(self._r.smembers, self._k("logs")):
+            info = self.log_info(raw.decode())
+            if info is not None:
+                yield raw.decode(), info
+
+    # -- checkpoints ----------------------------------------------------------------------
+    def commit(self, commit: Commit) -> None:
+        r, a = commit.row, commit.append
+        msgs = list(a.messages) if a is not None else []
+        args: list[Any] = [
+            self.prefix,
+            r.id,
+            r.session,
+            r.branch,
+            r.parent or "",
+            r.body,
+            r.digest,
+            "1" if commit.move_head else "0",
+            commit.expected_head or "",
+            a.log if a is not None else "",
+            a.start if a is not None else 0,
+            "1" if a is not None and a.new is not None else "0",
+            (a.new.parent or "") if a is not None and a.new is not None else "",
+            a.new.parent_len if a is not None and a.new is not None else 0,
+            len(msgs),
+            len(commit.blobs),
+            *(chain + data for chain, data in msgs),
+        ]
+        for b in commit.blobs:
+            args += [b.digest.hex(), _pack(b)]
+        result = self._call(self._commit, args=args)
+        if result != b"ok":
+            raise ConflictError(
+                f"commit of {r.id} lost a race ({result.decode()}); another writer got there first"
+            )
+
+    def get_checkpoint(self, ident: str) -> CheckpointRow | None:
+        h = self._call(self._r.hgetall, self._k("cp:", ident))
+        return _row(ident, h) if h else None
+
+    def list_checkpoints(
+        self, session: str, *, before: str | None = None, limit: int | None = None
+    ) -> list[CheckpointRow]:
+        top = b"(" + before.encode() if before is not None else b"+"
+        ids = self._call(
+            self._r.zrevrangebylex,
+            self._k("cps:", session),
+            top,
+            b"-",
+            start=0 if limit is not None else None,
+            num=limit,
+        )
+        pipe = self._r.pipeline(transaction=False)
+        for i in ids:
+            pipe.hgetall(self._k("cp:", i))
+        rows = self._call(pipe.execute)
+        return [_row(i.decode(), h) for i, h in zip(ids, rows, strict=True) if h]
+
+    def find_ids(self, prefix: str, session: str | None = None) -> list[str]:
+        key = self._k("cpids") if session is None else self._k("cps:", session)
+        lo = b"[" + prefix.encode()
+        hi = b"(" + prefix.encode() + b"\xff"
+        ids = self._call(self._r.zrangebylex, key, lo, hi, start=0, num=5)
+        return [i.decode() for i in ids]
+
+    def sessions(self) -> list[str]:
+        return sorted(s.decode() for s in self._call(self._r.smembers, self._k("sessions")))
+
+    # -- heads and labels -----------------------------------------------------------------
+    def branches(self, session: str) -> dict[str, str]:
+        h = self._call(self._r.hgetall, self._k("heads:", session))
+        return {b.decode(): c.decode() for b, c in h.items()}
+
+    def set_head(self, session: str, branch: str, new: str, expected: str | None) -> None:
+        ok = self._call(
+            self._set_head,
+            keys=[self._k("heads:", session), self._k("sessions")],
+            args=[branch, new, expected or "", session],
+        )
+        if not ok:
+            raise ConflictError(
+                f"branch {branch!r} of session {session!r} moved (expected {expected}); "
+                "another writer got there first"
+            )
+
+    def set_label(self, ident: str, session: str, label: str | None) -> None:
+        if label is None:
+            self._call(self._r.hdel, self._k("labels:", session), ident)
+        else:
+            self._call(self._r.hset, self._k("labels:", session), ident, label)
+
+    def labels(self, session: str) -> dict[str, str]:
+        h = self._call(self._r.hgetall, self._k("labels:", session))
+        return {i.decode(): lab.decode() for i, lab in h.items()}
+
+    def close(self) -> None:
+        self._r.close()
+
+
+def _row(ident: str, h: dict[bytes, bytes]) -> CheckpointRow:
+    parent = h[b"parent"].decode() or None
+    return CheckpointRow(
+        ident,
+        h[b"session"].decode(),
+        h[b"branch"].decode(),
+        parent,
+        h[b"body"],
+        h[b"digest"].decode(),
+    )
