@@ -60,3 +60,17 @@ def test_usage_errors_exit_1() -> None:
             [sys.executable, "-m", "stashpoint", *args], capture_output=True, text=True
         )
         assert proc.returncode == 1, (args, proc.returncode, proc.stderr)
+
+
+def test_show_reports_the_stores_durability(sp: object, tmp_path: object) -> None:
+    import json
+    from pathlib import Path
+
+    ws = Path(str(tmp_path)) / "ws"
+    ws.mkdir()
+    (ws / "f.txt").write_text("x")
+    sp("snap", "-m", "one", cwd=ws)  # type: ignore[operator]
+    shown = json.loads(sp("show", "HEAD", "--json", cwd=ws).out)  # type: ignore[operator]
+    assert shown["durability"].startswith("fsync every checkpoint")
+    human = sp("show", "HEAD", cwd=ws).out  # type: ignore[operator]
+    assert "durability" in human and "fsync" in human

@@ -198,7 +198,7 @@ def show(ctx: Ctx, ref: str, list_files: bool) -> None:
     cp = session.get(ref)
     data = _cp_json(session, cp)
     data["state"] = to_tree(session.state(cp))
-    data["durability"] = "fsync every checkpoint"
+    data["durability"] = session.store.meta.durability
     manifest: dict[str, Any] | None = None
     if cp.workspace is not None:
         manifest = {
@@ -224,6 +224,7 @@ def show(ctx: Ctx, ref: str, list_files: bool) -> None:
         if data.get(key) is not None:
             click.echo(f"  {key:<14} {data[key]}")
     click.echo(f"  {'digest':<14} {cp.digest}")
+    click.echo(f"  {'durability':<14} {data['durability']}")
     click.echo(
         f"  {'schema':<14} v{cp.schema_version}  deps: "
         + ", ".join(f"{k} {v}" for k, v in cp.deps.items())

@@ -88,6 +88,8 @@ class MetadataStore(ABC):
     """Rows for checkpoints, heads, labels, message logs and small (inline) blobs."""
 
     url: str
+    durability: str = "unknown"
+    """What a committed checkpoint survives, in words (``stashpoint show`` prints it)."""
 
     # -- store-level settings -------------------------------------------------------------
     @abstractmethod

@@ -14,6 +14,7 @@ __all__ = ["MemoryStore"]
 class MemoryStore(MetadataStore):
     def __init__(self) -> None:
         self.url = "memory://"
+        self.durability = "none: in this process's memory only"
         self._lock = threading.RLock()
         self._meta: dict[str, str] = {}
         self._blobs: dict[bytes, BlobRow] = {}

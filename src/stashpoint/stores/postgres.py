@@ -62,6 +62,7 @@ class PostgresStore(MetadataStore):
     def __init__(self, url: str) -> None:
         psycopg = _driver()
         self.url = url
+        self.durability = "PostgreSQL commit (as synchronous_commit is set on the server)"
         self._errors = psycopg.errors
         self._lock = threading.RLock()
         try:

@@ -98,6 +98,7 @@ class RedisStore(MetadataStore):
         self.prefix = (query.get("prefix", ["sp:"])[0]).encode()
         clean = url.split("?", 1)[0]
         self.url = url
+        self.durability = "as the Redis server persists (AOF appendfsync, or RDB snapshots)"
         self._errors = redis.exceptions
         try:
             self._r = redis.Redis.from_url(clean)

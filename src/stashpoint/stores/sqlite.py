@@ -53,6 +53,11 @@ class SqliteStore(MetadataStore):
     def __init__(self, path: str | Path, *, synchronous: str = "FULL") -> None:
         self.path = Path(path)
         self.url = f"sqlite:///{self.path}"
+        self.durability = (
+            "fsync every checkpoint (SQLite WAL, synchronous=FULL)"
+            if synchronous.upper() in ("FULL", "EXTRA")
+            else f"SQLite WAL, synchronous={synchronous}: a power loss may drop recent ones"
+        )
         self._lock = threading.RLock()
         try:
             if not self.path.exists():
