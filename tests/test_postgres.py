@@ -7,7 +7,6 @@ the reason; under CI=true it fails.
 
 from __future__ import annotations
 
-import multiprocessing
 import os
 import uuid
 from collections.abc import Callable, Iterator
@@ -15,11 +14,10 @@ from pathlib import Path
 
 import pytest
 
-import stashpoint
 from stashpoint.stores.base import MetadataStore
 from stashpoint.testing.conformance import MetadataStoreConformance
 
-from .conftest import snapshot_tree
+from .backend_checks import check_concurrent_writers, check_rewind_round_trip
 
 BASE_URL = os.environ.get(
     "STASHPOINT_TEST_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/test"
@@ -58,58 +56,9 @@ class TestPostgresStore(MetadataStoreConformance):
         return lambda: PostgresStore(pg_url)
 
 
-@pytest.fixture
-def request_close() -> Iterator[Callable[[stashpoint.Store], None]]:
-    opened: list[stashpoint.Store] = []
-    yield opened.append
-    for store in opened:
-        store.close()
-
-
-def test_checkpoint_rewind_and_verify_on_postgres(
-    pg_url: str, tmp_path: Path, request_close: Callable[[stashpoint.Store], None]
-) -> None:
-    from stashpoint.verify import verify_store
-
-    ws = tmp_path / "ws"
-    ws.mkdir()
-    (ws / "a.txt").write_text("one")
-    (ws / "big.bin").write_bytes(os.urandom(3 * 1024 * 1024))  # chunks go to the database too
-    store = stashpoint.open(pg_url)
-    request_close(store)
-    run = store.session("s", workspace=ws)
-    before = snapshot_tree(ws)
-    cp = run.checkpoint({"messages": [{"role": "user", "content": "hi"}], "plan": [1, 2]})
-    (ws / "a.txt").write_text("two")
-    (ws / "big.bin").unlink()
-    run.checkpoint(
-        {"messages": [{"role": "user", "content": "hi"}, {"role": "ai", "content": "yo"}]}
-    )
-    run.rewind(cp.id)
-    assert snapshot_tree(ws) == before
-    assert run.state() == {"messages": [{"role": "user", "content": "hi"}], "plan": [1, 2]}
-    assert verify_store(store).ok
-
-
-def _writer(url: str, n: int) -> None:
-    with stashpoint.open(url) as store:
-        run = store.session("shared")
-        for i in range(n):
-            run.checkpoint({"messages": [{"pid": os.getpid(), "i": i}], "i": i})
+def test_checkpoint_rewind_and_verify_on_postgres(pg_url: str, tmp_path: Path) -> None:
+    check_rewind_round_trip(pg_url, tmp_path)
 
 
 def test_concurrent_writers_on_postgres_lose_nothing(pg_url: str) -> None:
-    stashpoint.open(pg_url).close()  # create the schema once, before the race
-    procs, per = 4, 20
-    ctx = multiprocessing.get_context("spawn")
-    workers = [ctx.Process(target=_writer, args=(pg_url, per)) for _ in range(procs)]
-    for w in workers:
-        w.start()
-    for w in workers:
-        w.join(180)
-        assert w.exitcode == 0
-    with stashpoint.open(pg_url) as store:
-        history = store.session("shared").history()
-    assert len(history) == procs * per
-    parents = [c.parent for c in history if c.parent]
-    assert len(parents) == len(set(parents)) == procs * per - 1
+    check_concurrent_writers(pg_url)

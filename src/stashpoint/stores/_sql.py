@@ -1,0 +1,289 @@
+"""What the SQL backends share: statements, the atomic commit, and row mapping.
+
+SQLite and PostgreSQL run the same SQL (both understand ``INSERT … ON CONFLICT``); a backend
+only says how to connect, how to run a transaction and how to map its driver's errors, plus its
+parameter marker and table prefix. Statements are written with ``?`` and ``{t}`` and rendered
+once per backend.
+"""
+
+from __future__ import annotations
+
+from abc import abstractmethod
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from typing import Any
+
+from ..errors import ConflictError
+from .base import BlobRow, CheckpointRow, Commit, LogInfo, MessageRow, MetadataStore
+
+__all__ = ["TABLES", "SqlStore"]
+
+TABLES = """
+CREATE TABLE IF NOT EXISTS {t}meta(key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS {t}blobs(
+    digest {blob} PRIMARY KEY, codec INTEGER NOT NULL, size BIGINT NOT NULL,
+    data {blob} NOT NULL);
+CREATE TABLE IF NOT EXISTS {t}logs(
+    id TEXT PRIMARY KEY, session TEXT NOT NULL, parent TEXT, parent_len BIGINT NOT NULL);
+CREATE TABLE IF NOT EXISTS {t}messages(
+    log TEXT NOT NULL, idx BIGINT NOT NULL, chain {blob} NOT NULL, data {blob} NOT NULL,
+    PRIMARY KEY (log, idx));
+CREATE TABLE IF NOT EXISTS {t}checkpoints(
+    id TEXT PRIMARY KEY, session TEXT NOT NULL, branch TEXT NOT NULL, parent TEXT,
+    body {blob} NOT NULL, digest TEXT NOT NULL);
+CREATE INDEX IF NOT EXISTS {t}checkpoints_by_session ON {t}checkpoints(session, id);
+CREATE TABLE IF NOT EXISTS {t}heads(
+    session TEXT NOT NULL, branch TEXT NOT NULL, checkpoint TEXT NOT NULL,
+    PRIMARY KEY (session, branch));
+CREATE TABLE IF NOT EXISTS {t}labels(
+    checkpoint TEXT PRIMARY KEY, session TEXT NOT NULL, label TEXT NOT NULL);
+CREATE INDEX IF NOT EXISTS {t}labels_by_session ON {t}labels(session)
+"""
+"""Schema version 1. A log's tip is not stored: it is its last message row (MAX(idx) + 1),
+so appending writes no counter row (one page fewer per checkpoint)."""
+
+_CP_COLUMNS = "id, session, branch, parent, body, digest"
+_LOG_SELECT = (
+    "SELECT id, session, parent, parent_len, "
+    "(SELECT MAX(idx) + 1 FROM {t}messages m WHERE m.log = l.id) FROM {t}logs l"
+)
+
+
+class SqlStore(MetadataStore):
+    """Every MetadataStore operation in SQL; subclasses supply the connection."""
+
+    param = "?"
+    prefix = ""
+
+    def sql(self, text: str) -> str:
+        return text.replace("{t}", self.prefix).replace("?", self.param)
+
+    @abstractmethod
+    def _read(self, sql: str, args: Sequence[Any] = ()) -> list[Any]:
+        """Rows of one read-only statement (already rendered)."""
+
+    @abstractmethod
+    def _tx(self, fn: Callable[..., Any], *args: Any) -> Any:
+        """Run ``fn(cursor, *args)`` in one write transaction; unique violations -> conflict."""
+
+    def _q(self, text: str, args: Sequence[Any] = ()) -> list[Any]:
+        return self._read(self.sql(text), args)
+
+    # -- meta -----------------------------------------------------------------------------
+    def get_meta(self, key: str) -> str | None:
+        rows = self._q("SELECT value FROM {t}meta WHERE key=?", (key,))
+        return str(rows[0][0]) if rows else None
+
+    def set_meta(self, key: str, value: str | None) -> None:
+        if value is None:
+            self._tx(self._exec, "DELETE FROM {t}meta WHERE key=?", (key,))
+        else:
+            self._tx(
+                self._exec,
+                "INSERT INTO {t}meta(key, value) VALUES (?, ?) "
+                "ON CONFLICT (key) DO UPDATE SET value=excluded.value",
+                (key, value),
+            )
+
+    def _exec(self, cur: Any, text: str, args: Sequence[Any]) -> None:
+        cur.execute(self.sql(text), args)
+
+    # -- blobs ----------------------------------------------------------------------------
+    def has_blobs(self, digests: Iterable[bytes]) -> set[bytes]:
+        wanted = list(digests)
+        found: set[bytes] = set()
+        for i in range(0, len(wanted), 500):
+            batch = wanted[i : i + 500]
+            marks = ",".join("?" * len(batch))
+            rows = self._q(f"SELECT digest FROM {{t}}blobs WHERE digest IN ({marks})", batch)
+            found.update(bytes(r[0]) for r in rows)
+        return found
+
+    def put_blobs(self, blobs: Sequence[BlobRow]) -> None:
+        if blobs:
+            self._tx(self._insert_blobs, blobs)
+
+    def _insert_blobs(self, cur: Any, blobs: Sequence[BlobRow]) -> None:
+        cur.executemany(
+            self.sql(
+                "INSERT INTO {t}blobs(digest, codec, size, data) VALUES (?, ?, ?, ?) "
+                "ON CONFLICT (digest) DO NOTHING"
+            ),
+            [tuple(b) for b in blobs],
+        )
+
+    def get_blob(self, digest: bytes) -> BlobRow | None:
+        rows = self._q("SELECT digest, codec, size, data FROM {t}blobs WHERE digest=?", (digest,))
+        if not rows:
+            return None
+        d, codec, size, data = rows[0]
+        return BlobRow(bytes(d), int(codec), int(size), bytes(data))
+
+    def iter_blob_digests(self) -> Iterator[bytes]:
+        for (d,) in self._q("SELECT digest FROM {t}blobs"):
+            yield bytes(d)
+
+    # -- logs -----------------------------------------------------------------------------
+    def log_info(self, log: str) -> LogInfo | None:
+        rows = self._q(_LOG_SELECT + " WHERE id=?", (log,))
+        return _log_info(rows[0])[1] if rows else None
+
+    def read_messages(self, log: str, start: int, stop: int) -> list[MessageRow]:
+        rows = self._q(
+            "SELECT idx, chain, data FROM {t}messages WHERE log=? AND idx>=? AND idx<? "
+            "ORDER BY idx",
+            (log, start, stop),
+        )
+        return [MessageRow(int(i), bytes(c), bytes(d)) for i, c, d in rows]
+
+    def iter_logs(self) -> Iterator[tuple[str, LogInfo]]:
+        for row in self._q(_LOG_SELECT):
+            yield _log_info(row)
+
+    # -- checkpoints ----------------------------------------------------------------------
+    def commit(self, commit: Commit) -> None:
+        self._tx(self._apply_commit, commit)
+
+    def _apply_commit(self, cur: Any, c: Commit) -> None:
+        """Head compare-and-set, log-tip check and every insert, in the caller's transaction."""
+        row = c.row
+        if c.move_head and not self._move_head(
+            cur, row.session, row.branch, row.id, c.expected_head
+        ):
+            raise ConflictError(
+                f"branch {row.branch!r} of session {row.session!r} moved; "
+                "another writer checkpointed first"
+            )
+        if c.append is not None:
+            a = c.append
+            if a.new is not None:
+                cur.execute(
+                    self.sql(
+                        "INSERT INTO {t}logs(id, session, parent, parent_len) VALUES (?, ?, ?, ?)"
+                    ),
+                    (a.log, a.new.session, a.new.parent, a.new.parent_len),
+                )
+            (tip,) = cur.execute(
+                self.sql(
+                    "SELECT COALESCE((SELECT MAX(idx) + 1 FROM {t}messages WHERE log=?), "
+                    "(SELECT parent_len FROM {t}logs WHERE id=?))"
+                ),
+                (a.log, a.log),
+            ).fetchone()
+            if tip != a.start:
+                raise ConflictError(f"conversation log {a.log} grew under us; retry")
+            cur.executemany(
+                self.sql("INSERT INTO {t}messages(log, idx, chain, data) VALUES (?, ?, ?, ?)"),
+                [(a.log, a.start + i, ch, data) for i, (ch, data) in enumerate(a.messages)],
+            )
+        if c.blobs:
+            self._insert_blobs(cur, c.blobs)
+        cur.execute(
+            self.sql(f"INSERT INTO {{t}}checkpoints({_CP_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?)"),
+            tuple(row),
+        )
+
+    def get_checkpoint(self, ident: str) -> CheckpointRow | None:
+        rows = self._q(f"SELECT {_CP_COLUMNS} FROM {{t}}checkpoints WHERE id=?", (ident,))
+        return _checkpoint_row(rows[0]) if rows else None
+
+    def list_checkpoints(
+        self, session: str, *, before: str | None = None, limit: int | None = None
+    ) -> list[CheckpointRow]:
+        text = f"SELECT {_CP_COLUMNS} FROM {{t}}checkpoints WHERE session=?"
+        args: list[Any] = [session]
+        if before is not None:
+            text += " AND id<?"
+            args.append(before)
+        text += " ORDER BY id DESC"
+        if limit is not None:
+            text += " LIMIT ?"
+            args.append(limit)
+        return [_checkpoint_row(r) for r in self._q(text, args)]
+
+    def find_ids(self, prefix: str, session: str | None = None) -> list[str]:
+        # Ids are [0-9A-Z]: every id with this prefix sorts between it and prefix + "~".
+        hi = prefix + "~"
+        if session is None:
+            rows = self._q(
+                "SELECT id FROM {t}checkpoints WHERE id>=? AND id<? ORDER BY id LIMIT 5",
+                (prefix, hi),
+            )
+        else:
+            rows = self._q(
+                "SELECT id FROM {t}checkpoints WHERE session=? AND id>=? AND id<? "
+                "ORDER BY id LIMIT 5",
+                (session, prefix, hi),
+            )
+        return [str(r[0]) for r in rows]
+
+    def sessions(self) -> list[str]:
+        return [str(r[0]) for r in self._q("SELECT DISTINCT session FROM {t}heads ORDER BY 1")]
+
+    # -- heads and labels -----------------------------------------------------------------
+    def branches(self, session: str) -> dict[str, str]:
+        rows = self._q("SELECT branch, checkpoint FROM {t}heads WHERE session=?", (session,))
+        return {str(b): str(c) for b, c in rows}
+
+    def get_head(self, session: str, branch: str) -> str | None:
+        rows = self._q(
+            "SELECT checkpoint FROM {t}heads WHERE session=? AND branch=?", (session, branch)
+        )
+        return str(rows[0][0]) if rows else None
+
+    def set_head(self, session: str, branch: str, new: str, expected: str | None) -> None:
+        def do(cur: Any) -> None:
+            if not self._move_head(cur, session, branch, new, expected):
+                raise ConflictError(
+                    f"branch {branch!r} of session {session!r} moved (expected {expected}); "
+                    "another writer got there first"
+                )
+
+        self._tx(do)
+
+    def _move_head(
+        self, cur: Any, session: str, branch: str, new: str, expected: str | None
+    ) -> bool:
+        """The compare-and-set is the statement's own condition: no read-then-write race."""
+        if expected is None:
+            res = cur.execute(
+                self.sql(
+                    "INSERT INTO {t}heads(session, branch, checkpoint) VALUES (?, ?, ?) "
+                    "ON CONFLICT DO NOTHING"
+                ),
+                (session, branch, new),
+            )
+        else:
+            res = cur.execute(
+                self.sql(
+                    "UPDATE {t}heads SET checkpoint=? WHERE session=? AND branch=? AND checkpoint=?"
+                ),
+                (new, session, branch, expected),
+            )
+        return bool(res.rowcount == 1)
+
+    def set_label(self, ident: str, session: str, label: str | None) -> None:
+        if label is None:
+            self._tx(self._exec, "DELETE FROM {t}labels WHERE checkpoint=?", (ident,))
+        else:
+            self._tx(
+                self._exec,
+                "INSERT INTO {t}labels(checkpoint, session, label) VALUES (?, ?, ?) "
+                "ON CONFLICT (checkpoint) DO UPDATE SET label=excluded.label",
+                (ident, session, label),
+            )
+
+    def labels(self, session: str) -> dict[str, str]:
+        rows = self._q("SELECT checkpoint, label FROM {t}labels WHERE session=?", (session,))
+        return {str(c): str(label) for c, label in rows}
+
+
+def _checkpoint_row(r: Any) -> CheckpointRow:
+    i, s, b, p, body, digest = r
+    parent = None if p is None else str(p)
+    return CheckpointRow(str(i), str(s), str(b), parent, bytes(body), str(digest))
+
+
+def _log_info(r: Any) -> tuple[str, LogInfo]:
+    ident, session, parent, parent_len, tip = r
+    length = int(parent_len) if tip is None else int(tip)
+    return str(ident), LogInfo(str(session), parent, int(parent_len), length)
