@@ -74,3 +74,23 @@ def test_show_reports_the_stores_durability(sp: object, tmp_path: object) -> Non
     assert shown["durability"].startswith("fsync every checkpoint")
     human = sp("show", "HEAD", cwd=ws).out  # type: ignore[operator]
     assert "durability" in human and "fsync" in human
+
+
+def test_snap_if_changed_records_nothing_when_nothing_changed(sp: object, tmp_path: object) -> None:
+    import json
+    from pathlib import Path
+
+    run = sp
+    ws = Path(str(tmp_path)) / "ws"
+    ws.mkdir()
+    (ws / "f.txt").write_text("x")
+    first = json.loads(run("snap", "--json", cwd=ws).out)  # type: ignore[operator]
+    again = json.loads(run("snap", "--if-changed", "--json", cwd=ws).out)  # type: ignore[operator]
+    assert first["created"] is True and again["created"] is False
+    assert again["id"] == first["id"]
+    plain = json.loads(run("snap", "--json", cwd=ws).out)  # type: ignore[operator]
+    assert plain["created"] is True and plain["parent"] == first["id"]
+    (ws / "f.txt").write_text("y")
+    changed = json.loads(run("snap", "--if-changed", "--json", cwd=ws).out)  # type: ignore[operator]
+    assert changed["created"] is True and changed["parent"] == plain["id"]
+    assert len(json.loads(run("log", "--json", cwd=ws).out)) == 3  # type: ignore[operator]

@@ -310,9 +310,14 @@ class Session:
         meta: Mapping[str, Any] | None = None,
         files: bool = True,
         progress: Callable[[int, int], None] | None = None,
+        skip_unchanged: bool = False,
     ) -> Checkpoint:
         """Record a checkpoint of ``state`` (default: the head's state, unchanged) and the
         workspace (when the session has one and ``files`` is true), atomically.
+
+        With ``skip_unchanged`` and no ``state``, a workspace identical to the head's returns
+        the head instead of recording a duplicate (what agent hooks that fire after every tool
+        call want).
         """
         if kind not in KINDS:
             raise UsageError(f"unknown checkpoint kind {kind!r}; one of {', '.join(KINDS)}")
@@ -321,6 +326,17 @@ class Session:
         if files and self.workspace is not None:
             result, ws_rows = self.workspace.scan(progress=progress)
             ws_ref = WorkspaceRef(str(self.root), result.tree.hex(), result.files, result.bytes)
+            head = self.head
+            if (
+                skip_unchanged
+                and state is None
+                and head is not None
+                and head.workspace is not None
+                and head.workspace.tree == ws_ref.tree
+            ):
+                # Nothing changed (a hook firing after a read-only tool): no new checkpoint.
+                self.workspace.save_cache()
+                return head
         values_enc = None
         if state is not None:
             values_enc = {

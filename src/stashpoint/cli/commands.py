@@ -72,6 +72,11 @@ def init(ctx: Ctx, directory: str | None) -> None:
 @click.option("-m", "--message", help="What this checkpoint is.")
 @click.option("-l", "--label", help="A name to find it by later (e.g. 'tests-pass').")
 @click.option(
+    "--if-changed",
+    is_flag=True,
+    help="Record nothing when no file changed since the last checkpoint (for agent hooks).",
+)
+@click.option(
     "--kind",
     type=click.Choice(["manual", "milestone", "auto"]),
     default="manual",
@@ -80,23 +85,40 @@ def init(ctx: Ctx, directory: str | None) -> None:
 )
 @json_option
 @pass_ctx
-def snap(ctx: Ctx, message: str | None, label: str | None, kind: str) -> None:
+def snap(ctx: Ctx, message: str | None, label: str | None, kind: str, if_changed: bool) -> None:
     """Snapshot the workspace (all files, also those changed by shell commands).
 
     Creates the store in the current directory if there is none yet. The session's state is
-    carried over from the previous checkpoint unchanged.
+    carried over from the previous checkpoint unchanged. With --if-changed, nothing is recorded
+    when no file changed since the last checkpoint (exit 0, "created": false), so a hook that
+    fires after every tool call does not fill the history with duplicates.
 
     \b
     Example:
       stashpoint snap -m "after tests pass" --label green
+      stashpoint snap --if-changed -m "after Edit"   # from an agent hook
     """
     session = ctx.session(create=True)
+    before = session.head
     with ByteProgress("snapshot", enabled=not ctx.json) as progress:
-        cp = session.checkpoint(message=message, label=label, kind=kind, progress=progress)
+        cp = session.checkpoint(
+            message=message,
+            label=label,
+            kind=kind,
+            progress=progress,
+            skip_unchanged=if_changed,
+        )
     assert cp.workspace is not None
+    if before is not None and cp.id == before.id:
+        emit(
+            ctx,
+            {**_cp_json(session, cp), "created": False},
+            f"no changes since {click.style(short(cp.id), fg='yellow')}; nothing recorded",
+        )
+        return
     emit(
         ctx,
-        _cp_json(session, cp),
+        {**_cp_json(session, cp), "created": True},
         f"{click.style(short(cp.id), fg='yellow')} step {cp.step}: {cp.workspace.files} files, "
         f"{_size(cp.workspace.bytes)}" + (f" - {message}" if message else ""),
     )
