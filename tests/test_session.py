@@ -390,3 +390,23 @@ def test_memory_store_keeps_chunked_files(tmp_path: Path) -> None:
     (ws / "big.bin").write_bytes(b"x")
     run.rewind(cp.id)
     assert (ws / "big.bin").read_bytes() == data
+
+
+def test_verify_walks_forked_conversation_logs_and_catches_a_forged_message(
+    store: stashpoint.Store,
+) -> None:
+    from stashpoint.verify import verify_store
+
+    run = store.session("s")
+    run.checkpoint({"messages": _msgs(4)})
+    run.checkpoint({"messages": [*_msgs(2), {"role": "user", "content": "edited"}]})  # new log
+    run.checkpoint({"messages": [*_msgs(2), {"role": "user", "content": "edited"}, *_msgs(1)]})
+    report = verify_store(store)
+    assert report.ok, report.problems
+    db = _db(store)
+    db.execute("UPDATE messages SET data=? WHERE idx=1", (b'{"role":"user","content":"forged"}',))
+    db.commit()
+    bad = verify_store(stashpoint.open(store.home))
+    assert not bad.ok
+    assert all("conversation log" in p.message for p in bad.problems)
+    assert len(bad.problems) == 3  # every checkpoint shares the forged message

@@ -115,3 +115,15 @@ def test_watch_mode_reads_only_the_changed_directory(tmp_path: Path) -> None:
     assert [os.path.basename(p) for p in listed] == [b"d7"]
     assert cp.workspace is not None and cp.workspace.files == 400
     assert cp.workspace.tree == _reference_tree(tmp_path, ws, 1)
+
+
+def test_an_unchanged_snapshot_in_watch_mode_keeps_its_counts(tmp_path: Path) -> None:
+    ws = tmp_path / "ws"
+    (ws / "d").mkdir(parents=True)
+    (ws / "d" / "f.txt").write_text("abc")
+    run = stashpoint.open(tmp_path / "store").session("s", workspace=ws, watch=True)
+    first = run.checkpoint()
+    again = run.checkpoint()  # nothing changed: the whole tree is reused from the cache
+    assert first.workspace is not None and again.workspace is not None
+    assert (again.workspace.files, again.workspace.bytes) == (1, 3)
+    assert again.workspace == first.workspace

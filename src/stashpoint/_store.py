@@ -197,10 +197,7 @@ def open_store(url: str | os.PathLike[str] | None = None, *, key: bytes | None =
 
         return Store(RedisStore(text), key=key)
     if text.startswith("sqlite://"):
-        text = text[len("sqlite://") :]
-        if text.startswith("/") and not text.startswith("//"):
-            pass  # sqlite:///abs/path -> /abs/path
-        text = text or DEFAULT_DIR
+        text = text[len("sqlite://") :] or DEFAULT_DIR  # sqlite:///abs/path -> /abs/path
     elif "://" in text:
         scheme = text.split("://", 1)[0]
         raise UsageError(

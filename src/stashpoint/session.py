@@ -326,6 +326,14 @@ class Session:
         if files and self.workspace is not None:
             result, ws_rows = self.workspace.scan(progress=progress)
             ws_ref = WorkspaceRef(str(self.root), result.tree.hex(), result.files, result.bytes)
+            if result.skipped:
+                shown = ", ".join(result.skipped[:5]) + (" …" if len(result.skipped) > 5 else "")
+                warnings.warn(
+                    f"left out {len(result.skipped)} path(s) that are neither file, directory "
+                    f"nor symlink (sockets, FIFOs, devices): {shown}",
+                    StashpointWarning,
+                    stacklevel=2,
+                )
             head = self.head
             if (
                 skip_unchanged

@@ -147,65 +147,53 @@ class _Verifier:
         return err
 
     def conversation(self, log: str, length: int, expected: str) -> str | None:
-        """Chain hash of the first ``length`` messages, checked against ``expected``."""
-        if length == 0:
-            return None if expected == EMPTY_CHAIN else "empty conversation with a hash"
-        info = self.logs.get(log)
-        if info is None:
-            return f"conversation log {log} is missing"
-        start = info.parent_len if info.parent is not None else 0
-        if length <= start and info.parent is not None:
-            return self.conversation(info.parent, length, expected)
-        chains = self.log_chains(log)
-        if isinstance(chains, str):
-            return chains
-        idx = length - 1 - start
-        if idx >= len(chains):
-            return f"conversation log {log} is missing messages"
-        return None if chains[idx] == expected else f"conversation log {log} does not match"
+        """None if the first ``length`` messages of ``log`` hash to ``expected``, else why not."""
+        try:
+            got = self.chain_at(log, length)
+        except _Broken as exc:
+            return str(exc)
+        return None if got == expected else f"conversation log {log} does not match its hash"
 
-    def log_chains(self, log: str, depth: int = 0) -> list[str] | str:
-        if log in self.chains:
-            return self.chains[log]
-        info = self.logs[log]
-        chain = EMPTY_CHAIN
-        start = 0
-        if info.parent is not None and info.parent_len > 0:
-            start = info.parent_len
-            if info.parent not in self.logs or depth > 1000:
-                self.chains[log] = f"conversation log {log}'s parent log is missing"
-                return self.chains[log]
-            parent = self.log_chains(info.parent, depth + 1)
-            if isinstance(parent, str):
-                self.chains[log] = parent
-                return parent
-            pstart = self.logs[info.parent].parent_len if self.logs[info.parent].parent else 0
-            chain = self._chain_at(info.parent, start, pstart, parent)
-        rows = self.store.meta.read_messages(log, start, info.length)
+    def chain_at(self, log: str, length: int, depth: int = 0) -> str:
+        """Running hash after ``length`` messages of ``log``, following fork parents; every
+        log's rows are read and checked once."""
+        if length == 0:
+            return EMPTY_CHAIN
+        info = self.logs.get(log)
+        if info is None or depth > 10_000:
+            raise _Broken(f"conversation log {log} is missing")
+        start = info.parent_len if info.parent is not None else 0
+        if length <= start:
+            assert info.parent is not None
+            return self.chain_at(info.parent, length, depth + 1)
+        chains = self.chains.get(log)
+        if chains is None:
+            chains = self.chains[log] = self._own_chains(log, info, start, depth)
+        if isinstance(chains, str):
+            raise _Broken(chains)
+        if length - 1 - start >= len(chains):
+            raise _Broken(f"conversation log {log} is missing messages")
+        return chains[length - 1 - start]
+
+    def _own_chains(self, log: str, info: LogInfo, start: int, depth: int) -> list[str] | str:
+        """The running hash after each of the log's own messages, or what is wrong with them."""
+        try:
+            chain = self.chain_at(info.parent, start, depth + 1) if info.parent else EMPTY_CHAIN
+        except _Broken as exc:
+            return str(exc)
         out: list[str] = []
-        for i, row in enumerate(rows):
+        for i, row in enumerate(self.store.meta.read_messages(log, start, info.length)):
             if row.idx != start + i:
-                self.chains[log] = f"conversation log {log} has missing messages"
-                return self.chains[log]
+                return f"conversation log {log} has missing messages"
             chain = message_chain(chain, row.data)
             if bytes.fromhex(chain) != row.chain:
-                self.chains[log] = f"conversation log {log} is corrupt at message {row.idx}"
-                return self.chains[log]
+                return f"conversation log {log} is corrupt at message {row.idx}"
             out.append(chain)
-        self.chains[log] = out
         return out
 
-    def _chain_at(self, log: str, length: int, start: int, chains: list[str]) -> str:
-        """Chain hash after ``length`` messages of ``log`` (following its parents)."""
-        if length <= start:
-            info = self.logs[log]
-            assert info.parent is not None
-            pinfo = self.logs[info.parent]
-            pstart = pinfo.parent_len if pinfo.parent else 0
-            pchains = self.log_chains(info.parent)
-            assert not isinstance(pchains, str)
-            return self._chain_at(info.parent, length, pstart, pchains)
-        return chains[length - 1 - start]
+
+class _Broken(Exception):
+    """Internal: a conversation log that cannot be verified, with the reason."""
 
 
 def verify_store(store: Store, progress: Callable[[int, int], None] | None = None) -> VerifyReport:

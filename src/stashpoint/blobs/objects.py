@@ -177,7 +177,6 @@ class BlobWriter:
         self._pending_bytes = 0
         self._seen: set[bytes] = set()
         self._chunk_lists: list[BlobRow] = []
-        self.stored_bytes = 0
 
     def add(self, data: bytes, digest: bytes | None = None) -> bytes:
         """Queue a small blob; returns its digest. Encoding waits until we know it is new."""
@@ -240,7 +239,6 @@ class BlobWriter:
         if not local.has(digest):
             row = self.blobs.encode(digest, piece)
             local.put(digest, row.codec, row.size, row.data)
-            self.stored_bytes += len(row.data)
         return digest
 
     def _encode_new(self) -> list[BlobRow]:
@@ -254,7 +252,6 @@ class BlobWriter:
             return []
         have = self.blobs.meta.has_blobs([r.digest for r in rows] + [r.digest for r in lists])
         rows = [r for r in rows if r.digest not in have]
-        self.stored_bytes += sum(len(r.data) for r in rows)
         rows = self.blobs.pack(rows)
         rows += [r for r in lists if r.digest not in have]
         return rows

@@ -30,9 +30,15 @@ class Ctx:
     workspace: str | None
     force: bool
     _store: Any = None
+    _located: tuple[str, Path, str | None, str | None] | None = None
 
     def locate(self, *, create: bool = False) -> tuple[str, Path, str | None, str | None]:
         """(store url, workspace root, session from a link file, branch from a link file)."""
+        if self._located is None:
+            self._located = self._locate(create)
+        return self._located
+
+    def _locate(self, create: bool) -> tuple[str, Path, str | None, str | None]:
         if self.store_url:
             root = Path(self.workspace or ".").resolve()
             return self.store_url, root, None, None

@@ -61,10 +61,9 @@ class IgnoreContext:
 
     def ignored(self, rel: bytes, is_dir: bool) -> bool:
         for prefix, spec in reversed(self._layers):
-            sub = rel[len(prefix) :] if prefix and rel.startswith(prefix) else rel
-            if prefix and not rel.startswith(prefix):
+            if not rel.startswith(prefix):  # b"" prefixes every path (the root's rules)
                 continue
-            path = sub.decode("utf-8", "surrogateescape") + ("/" if is_dir else "")
+            path = rel[len(prefix) :].decode("utf-8", "surrogateescape") + ("/" if is_dir else "")
             result = spec.check_file(path)
             if result.include is not None:
                 return bool(result.include)

@@ -104,12 +104,14 @@ class Scanner:
     def run(self) -> ScanResult:
         try:
             root_st = os.stat(self.root)
-            digest, _n, _b, _c = self._scan_dir(self.root, b"", IgnoreContext.root(), root_st)
+            digest, nfiles, nbytes, _c = self._scan_dir(
+                self.root, b"", IgnoreContext.root(), root_st
+            )
         except OSError as exc:
             raise StashpointError(
                 f"snapshot failed at {os.fsdecode(exc.filename or self.root)}: {exc.strerror}"
             ) from exc
-        self._result.tree = digest
+        self._result.tree, self._result.files, self._result.bytes = digest, nfiles, nbytes
         return self._result
 
     def _scan_dir(
@@ -200,8 +202,6 @@ class Scanner:
                 reusable = False  # links are not in the stat cache: always re-encode
             else:
                 self._result.skipped.append(os.fsdecode(crel))
-        if rel == b"":
-            self._result.files, self._result.bytes = nfiles, nbytes
         if reusable and cached is not None and self._result.read_files == reads_before:
             self.new.trees[rel] = cached
             return cached[4], nfiles, nbytes, False
@@ -260,8 +260,6 @@ class Scanner:
             return cached[4], nfiles, nbytes, False
         digest = self._store_tree(out)
         self.new.trees[rel] = (*cached[:4], digest, nfiles, nbytes)
-        if rel == b"":
-            self._result.files, self._result.bytes = nfiles, nbytes
         return digest, nfiles, nbytes, True
 
     def _read_file(self, path: bytes, rel: bytes, st: os.stat_result) -> tuple[bytes, int]:
