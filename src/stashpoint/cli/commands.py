@@ -119,7 +119,7 @@ def snap(ctx: Ctx, message: str | None, label: str | None, kind: str, if_changed
     emit(
         ctx,
         {**_cp_json(session, cp), "created": True},
-        f"{click.style(short(cp.id), fg='yellow')} step {cp.step}: {cp.workspace.files} files, "
+        f"{click.style(short(cp.id), fg='yellow')} step {cp.step}: {_count(cp.workspace.files)}, "
         f"{_size(cp.workspace.bytes)}" + (f" - {message}" if message else ""),
     )
 
@@ -465,6 +465,10 @@ def demo(ctx: Ctx, directory: str | None) -> None:
     from .demo import run_demo
 
     run_demo(Path(directory) if directory else None, json_out=ctx.json)
+
+
+def _count(n: int, noun: str = "file") -> str:
+    return f"{n} {noun}" + ("" if n == 1 else "s")
 
 
 def _size(n: int) -> str:
