@@ -63,7 +63,8 @@ def cli(
 
 
 def _register() -> None:
-    from . import commands  # noqa: F401  (registers the commands on ``cli``)
+    # Each module registers its commands on ``cli`` when imported.
+    from . import bundles, commands, durable, hooks, maintenance  # noqa: F401
 
 
 _register()

@@ -1,0 +1,3 @@
+"""Portable bundles: export, import."""
+
+from __future__ import annotations

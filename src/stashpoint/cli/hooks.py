@@ -1,0 +1,3 @@
+"""Hooks for CLI coding agents: hooks install / hooks run."""
+
+from __future__ import annotations

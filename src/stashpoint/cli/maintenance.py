@@ -1,0 +1,3 @@
+"""Store upkeep: prune, gc, du."""
+
+from __future__ import annotations
