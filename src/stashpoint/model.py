@@ -18,6 +18,7 @@ __all__ = [
     "Checkpoint",
     "ConversationRef",
     "Kind",
+    "LogRef",
     "StateRef",
     "TreeEntry",
     "WorkspaceRef",
@@ -26,12 +27,14 @@ __all__ = [
 FORMAT_VERSION = 1
 """Version of the checkpoint record layout; a reader refuses records newer than it knows."""
 
-Kind = Literal["auto", "manual", "milestone", "pre-rewind", "rewind", "fork", "edit", "approval"]
+Kind = Literal[
+    "auto", "manual", "milestone", "pre-rewind", "rewind", "fork", "edit", "approval", "paused"
+]
 KINDS: tuple[str, ...] = Kind.__args__  # type: ignore[attr-defined]
 
 
-class ConversationRef(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
-    """The first ``length`` messages of message log ``log``."""
+class LogRef(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """The first ``length`` entries of append-only log ``log`` (a conversation or a journal)."""
 
     log: str
     """Id of the append-only log; a log may continue a parent log from a fork point."""
@@ -41,8 +44,12 @@ class ConversationRef(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     """Running SHA-256 over the messages (h_i = H(h_{i-1} || message_i)), hex."""
 
 
+ConversationRef = LogRef
+"""The conversation is a log of messages."""
+
+
 class StateRef(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
-    conversation: ConversationRef | None = None
+    conversation: LogRef | None = None
     """The conversation, if the state had one (the ``messages`` key by default)."""
     values: dict[str, str] = {}
     """State key -> SHA-256 hex of the encoded value, stored as a content-addressed blob."""
@@ -90,6 +97,12 @@ class Checkpoint(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_onl
     """Versions of Python, stashpoint and the packages the application named."""
     state: StateRef = StateRef()
     workspace: WorkspaceRef | None = None
+    journal: LogRef | None = None
+    """Durable-execution journal as of this checkpoint: step results, task changes, the
+    side-effect ledger and approval decisions (see :mod:`stashpoint.durable`)."""
+    status: str | None = None
+    """Run status when recorded by a durable run: ``running``, ``awaiting_approval``,
+    ``completed`` or ``failed``; None for checkpoints outside a durable run."""
     meta: dict[str, Any] = {}
     """Free-form application metadata (JSON types only)."""
     digest: str = ""
