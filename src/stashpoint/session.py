@@ -17,18 +17,30 @@ import warnings
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import msgspec
 
 from . import serde
 from ._ids import new_id
 from ._store import Store, config_hash
-from .errors import ConflictError, IntegrityError, NotFoundError, StashpointError, UsageError
+from .errors import (
+    ConflictError,
+    IntegrityError,
+    NotFoundError,
+    SchemaVersionError,
+    StashpointError,
+    UsageError,
+)
 from .integrity import EMPTY_CHAIN, message_chain
-from .model import KINDS, Checkpoint, ConversationRef, StateRef, WorkspaceRef, utc_now_iso
+from .model import KINDS, Checkpoint, ConversationRef, LogRef, StateRef, WorkspaceRef, utc_now_iso
 from .stores.base import BlobRow, CheckpointRow, Commit, LogAppend, LogInfo
 from .workspace import Change, RestoreStats, Workspace, check_root
+
+if TYPE_CHECKING:
+    from .durable import Durable, Effect, Pending, RunResult, Task
+
+F = TypeVar("F", bound=Callable[..., Any])
 
 __all__ = [
     "CheckpointDiff",
@@ -39,6 +51,8 @@ __all__ = [
 
 _MAX_RETRIES = 50
 _LINK_FILE = ".stashpoint"
+_INHERIT: Any = object()
+_POLICIES = ("step", "tool", "task")
 
 
 class StashpointWarning(UserWarning):
@@ -52,6 +66,10 @@ class RewindResult:
     """The checkpoint taken just before rewinding: rewind to it to undo."""
     head: Checkpoint
     files: RestoreStats | None = None
+    effects: list[Effect] = field(default_factory=list)
+    """Irreversible external effects recorded after the target: a rewind cannot undo them."""
+    compensations: list[dict[str, Any]] = field(default_factory=list)
+    """Compensations run (when asked for and registered in this process), newest first."""
 
 
 @dataclass
@@ -63,6 +81,18 @@ class CheckpointDiff:
     messages_removed: int = 0
     messages_added: list[Any] = field(default_factory=list)
     files: list[Change] = field(default_factory=list)
+
+
+def _policy(spec: str | Iterable[str] | None) -> frozenset[str]:
+    if spec is None or spec == "manual":
+        return frozenset()
+    wanted = frozenset([spec] if isinstance(spec, str) else spec) - {"manual"}
+    unknown = wanted - set(_POLICIES)
+    if unknown:
+        raise UsageError(
+            f"unknown checkpoint policy {sorted(unknown)}: use step, tool, task or manual"
+        )
+    return wanted
 
 
 def _deps(packages: Iterable[str]) -> dict[str, str]:
@@ -96,6 +126,11 @@ class Session:
         packages: distributions whose versions are recorded with each checkpoint.
         conversation_key: state key holding the message list, stored as an append-only log.
         force: allow a workspace at ``/`` or ``$HOME``.
+        checkpoint_every: automatic checkpoints in a durable run: after every ``"step"``
+            (durable steps and tools), ``"tool"`` call or ``"task"``, a combination, or None
+            (only manual ones). Any policy also checkpoints before every irreversible tool.
+        migrations: ``{version: fn}`` upgrading a state dict from ``version`` to
+            ``version + 1``; applied on load to checkpoints older than ``schema_version``.
         watch: keep an inotify watch on the workspace (Linux) so that each snapshot re-reads
             only the directories that changed instead of stat-ing every file; for long-running
             agents that checkpoint often. Falls back to scanning wherever it cannot vouch.
@@ -114,6 +149,8 @@ class Session:
         conversation_key: str = "messages",
         force: bool = False,
         watch: bool = False,
+        checkpoint_every: str | Iterable[str] | None = None,
+        migrations: Mapping[int, Callable[[dict[str, Any]], dict[str, Any]]] | None = None,
     ) -> None:
         if not name or "\0" in name:
             raise UsageError("a session needs a non-empty name")
@@ -144,6 +181,12 @@ class Session:
         self._head_loaded = False
         self._conv_objs: list[Any] | None = None  # messages as of self._head, for prefix checks
         self._log_tips: dict[str, int] = {}
+        self.migrations: dict[int, Callable[[dict[str, Any]], dict[str, Any]]] = dict(
+            migrations or {}
+        )
+        self._policy = _policy(checkpoint_every)
+        self._durable: Durable | None = None
+        self._run_record: Any = _INHERIT  # the branch's durable-run record, read on first use
         self.complete_interrupted_restore()
 
     # -- checkouts: which branch a workspace follows --------------------------------------
@@ -232,13 +275,28 @@ class Session:
         cp = self._as_checkpoint(ref)
         if cp is None:
             return {}
-        self._warn_if_foreign(cp)
+        if cp.schema_version > self.schema_version:
+            raise SchemaVersionError(
+                f"checkpoint {cp.id} has state schema version {cp.schema_version}, newer than "
+                f"this program's {self.schema_version}: run a newer version of the program"
+            )
+        migrate = cp.schema_version < self.schema_version and bool(self.migrations)
+        self._warn_if_foreign(cp, schema=not migrate)
         out: dict[str, Any] = {}
         conv = cp.state.conversation
         if conv is not None:
             out[self.conversation_key] = self._load_messages(conv)
         for key, hexd in cp.state.values.items():
             out[key] = serde.decode(self.store.blobs.read(bytes.fromhex(hexd)))
+        if migrate:
+            for version in range(cp.schema_version, self.schema_version):
+                upgrade = self.migrations.get(version)
+                if upgrade is None:
+                    raise SchemaVersionError(
+                        f"checkpoint {cp.id} has state schema version {cp.schema_version}; no "
+                        f"migration from version {version} to {version + 1} is registered"
+                    )
+                out = upgrade(out)
         return out
 
     def _as_checkpoint(self, ref: str | Checkpoint | None) -> Checkpoint | None:
@@ -248,8 +306,8 @@ class Session:
             return ref
         return self.get(ref)
 
-    def _warn_if_foreign(self, cp: Checkpoint) -> None:
-        if cp.schema_version != self.schema_version:
+    def _warn_if_foreign(self, cp: Checkpoint, *, schema: bool = True) -> None:
+        if schema and cp.schema_version != self.schema_version:
             warnings.warn(
                 f"checkpoint {cp.id} has state schema version {cp.schema_version}; this "
                 f"session expects {self.schema_version}",
@@ -311,6 +369,8 @@ class Session:
         files: bool = True,
         progress: Callable[[int, int], None] | None = None,
         skip_unchanged: bool = False,
+        status: str | None = None,
+        journal: LogRef | None = _INHERIT,
     ) -> Checkpoint:
         """Record a checkpoint of ``state`` (default: the head's state, unchanged) and the
         workspace (when the session has one and ``files`` is true), atomically.
@@ -360,6 +420,7 @@ class Session:
                 ws_ref = head.workspace
             conv, append = self._conversation_for(head, state)
             values, value_rows = self._values_for(head, values_enc)
+            jref = self._journal_ref(head) if journal is _INHERIT else journal
             cp = Checkpoint(
                 id=new_id(),
                 session=self.name,
@@ -376,6 +437,8 @@ class Session:
                 deps=self._deps,
                 state=StateRef(conv, values),
                 workspace=ws_ref,
+                journal=jref,
+                status=status,
                 meta=meta_tree,
             )
             sealed, body = self.store.hasher.seal(cp)
@@ -404,6 +467,34 @@ class Session:
             f"gave up after {_MAX_RETRIES} attempts: session {self.name!r} branch "
             f"{self.branch!r} is being written by others too fast"
         )
+
+    def _journal_ref(self, head: Checkpoint | None) -> LogRef | None:
+        """The durable-execution journal a new checkpoint records: the running program's, or
+        the branch's live run (entries appended since the head, e.g. by a crashed run), or
+        the head's."""
+        if self._durable is not None and self._durable.journal is not None:
+            return self._durable.journal.ref()
+        inherited = head.journal if head is not None else None
+        if self._run_record is _INHERIT:
+            from .durable import run_key
+
+            raw = self.store.meta.get_meta(run_key(self.name, self.branch))
+            self._run_record = json.loads(raw) if raw else None
+        rec = self._run_record
+        if rec is None:
+            return inherited
+        from .durable import record_applies
+
+        if not record_applies(rec, head):
+            return inherited
+        log = str(rec["log"])
+        info = self.store.meta.log_info(log)
+        if info is None or info.length <= info.parent_len:  # nothing appended since it began
+            return inherited
+        last = self.store.meta.read_messages(log, info.length - 1, info.length)
+        if not last:
+            raise IntegrityError(f"journal log {log} has missing entries")
+        return LogRef(log, info.length, last[0].chain.hex())
 
     def _values_for(
         self, head: Checkpoint | None, encoded: dict[str, bytes] | None
@@ -491,17 +582,184 @@ class Session:
         self.store.meta.set_label(cp.id, self.name, label)
         return cp
 
+    # -- durable execution (see stashpoint.durable) -----------------------------------------
+    @property
+    def durable(self) -> Durable:
+        if self._durable is None:
+            from .durable import Durable
+
+            self._durable = Durable(self, self._policy)
+        return self._durable
+
+    def step(
+        self,
+        fn: F | None = None,
+        *,
+        name: str | None = None,
+        retries: int = 0,
+        backoff: float = 0.5,
+    ) -> Any:
+        """Decorator: a durable step. It runs once; its result (or error) is journaled, and
+        when the program runs again after a crash the recorded result is returned instead.
+
+        ``@run.step`` or ``@run.step(name="ask", retries=3)``; sync and async functions.
+        """
+        if fn is None:
+            return lambda f: self.durable.step(f, name=name, retries=retries, backoff=backoff)
+        return self.durable.step(fn, name=name, retries=retries, backoff=backoff)
+
+    def tool(
+        self,
+        fn: F | None = None,
+        *,
+        name: str | None = None,
+        irreversible: bool = False,
+        approval: bool = False,
+        compensate: Callable[..., Any] | None = None,
+    ) -> Any:
+        """Decorator: a durable tool call. ``irreversible`` tools go into the side-effect
+        ledger (intent before, outcome after: a crash in between is never silently re-run);
+        ``approval`` tools pause the run until ``approve`` / ``reject``; ``compensate(result,
+        *args, **kwargs)`` undoes an effect when a rewind asks for it (saga)."""
+
+        def wrap(f: Callable[..., Any]) -> Any:
+            return self.durable.tool(
+                f, name=name, irreversible=irreversible, approval=approval, compensate=compensate
+            )
+
+        return wrap if fn is None else wrap(fn)
+
+    def plan(self, tasks: Any) -> list[Task]:
+        """Declare the task list (ids, or (id, title) pairs, or {id: title}); journaled."""
+        return self.durable.plan(tasks)
+
+    def task(self, task_id: str) -> Any:
+        """Context manager: the task is in_progress inside, completed after, failed (or
+        skipped, for a rejected tool) on an exception."""
+        return self.durable.task(task_id)
+
+    def set_task(self, task_id: str, status: str, note: str | None = None) -> None:
+        self.durable.set_task(task_id, status, note)
+
+    def tasks(self, ref: str | Checkpoint | None = None) -> list[Task]:
+        """Task statuses: as of the running program's position, or of a checkpoint."""
+        from .durable import Journal, tasks_at
+
+        if ref is not None:
+            cp = self._as_checkpoint(ref)
+            return tasks_at(self, cp) if cp is not None else []
+        if self._durable is not None and self._durable.journal is not None:
+            return self._durable.tasks()
+        return Journal(self).tasks()
+
+    def remaining_tasks(self) -> list[Task]:
+        """Tasks not completed or skipped, in plan order: where a resumed run continues."""
+        return self.durable.remaining()
+
+    def track(self, provider: Callable[[], Mapping[str, Any]]) -> Callable[[], Mapping[str, Any]]:
+        """Register what automatic checkpoints of a durable run record as state."""
+        self.durable.state_provider = provider
+        return provider
+
+    def resource(self, name: str) -> Callable[[F], F]:
+        """Decorator: a factory that re-creates a live resource (database connection, API
+        client) in each process; ``run.get_resource(name)`` returns it, created once."""
+
+        def register(factory: F) -> F:
+            self.durable.resources[name] = factory
+            return factory
+
+        return register
+
+    def get_resource(self, name: str) -> Any:
+        return self.durable.resource(name)
+
+    def run(
+        self, fn: Callable[..., Any], *args: Any, fresh: bool = False, **kwargs: Any
+    ) -> RunResult:
+        """Run (or resume) ``fn`` as a durable program: calls already journaled on this
+        branch return their recorded results; the rest execute. Returns when it completes or
+        pauses for a decision (``result.status``); exceptions propagate after a ``failed``
+        checkpoint. ``fresh`` starts a new run with an empty journal."""
+        return self.durable.run(fn, args, kwargs, fresh=fresh)
+
+    resume = run
+
+    async def arun(
+        self, fn: Callable[..., Any], *args: Any, fresh: bool = False, **kwargs: Any
+    ) -> RunResult:
+        """:meth:`run` for an async ``fn``."""
+        return await self.durable.arun(fn, args, kwargs, fresh=fresh)
+
+    def pending(self) -> Pending | None:
+        """The decision the branch's run waits for, if any."""
+        from .durable import Journal
+
+        return Journal(self).pending()
+
+    def approve(
+        self,
+        ident: str | None = None,
+        *,
+        reason: str | None = None,
+        by: str | None = None,
+        done: bool = False,
+        result: Any = None,
+    ) -> Checkpoint:
+        """Approve what the run waits for. For an in-doubt effect: retry it, or with ``done``
+        record that it happened (with ``result``) so it is not run again."""
+        from .durable import decide
+
+        return decide(
+            self, ident, approved=True, reason=reason, by=by, mark_done=done, done_result=result
+        )
+
+    def reject(
+        self, ident: str | None = None, *, reason: str | None = None, by: str | None = None
+    ) -> Checkpoint:
+        """Reject it: the resumed run's call raises :class:`ToolRejected`."""
+        from .durable import decide
+
+        return decide(self, ident, approved=False, reason=reason, by=by)
+
+    def effects(self, since: str | Checkpoint | None = None) -> list[Effect]:
+        """The side-effect ledger of the branch's journal (after checkpoint ``since``)."""
+        from .durable import Journal, common_prefix
+
+        j = Journal(self)
+        start = 0
+        if since is not None:
+            cp = self._as_checkpoint(since)
+            start = common_prefix(j, cp.journal if cp else None, self)
+        return self._mark_compensable(j.effects(start))
+
+    def _mark_compensable(self, effects: list[Effect]) -> list[Effect]:
+        import dataclasses
+
+        tools = self._durable.tools if self._durable is not None else {}
+        return [
+            dataclasses.replace(e, compensable=bool(tools.get(e.tool) and tools[e.tool].compensate))
+            for e in effects
+        ]
+
     # -- rewind and fork ------------------------------------------------------------------
     def _journal_key(self) -> str | None:
         return f"restore-journal:{self.root}" if self.root is not None else None
 
-    def rewind(self, ref: str, *, files: bool = True, state: bool = True) -> RewindResult:
+    def rewind(
+        self, ref: str, *, files: bool = True, state: bool = True, compensate: bool = False
+    ) -> RewindResult:
         """Go back to a checkpoint: files, state, or both (SPEC C3).
 
         A safety checkpoint of whatever is there now is taken first, so every rewind can be
         undone by rewinding to it. With both files and state, the branch head moves to the
         target; with only one, a new ``rewind`` checkpoint combines the target's part with the
         current other part.
+
+        Irreversible effects recorded after the target (sent messages, deployments) cannot be
+        undone by a rewind: they are listed in the result and in a warning. With
+        ``compensate``, their registered compensations run newest first — now, if this
+        process registered them, else when the program next runs on this branch.
         """
         if not (files or state):
             raise UsageError("rewind needs files, state or both")
@@ -509,9 +767,23 @@ class Session:
         if files and target.workspace is not None and self.workspace is None:
             raise UsageError("this session has no workspace directory to restore files into")
         self._warn_if_foreign(target)
+        effects = self.effects(since=target) if state else []
         safety = self.checkpoint(kind="pre-rewind", message=f"before rewind to {target.id}")
         journal = self._journal(target, safety, files=files, state=state)
-        return self._finish_rewind(journal, safety, recovering=False)
+        result = self._finish_rewind(journal, safety, recovering=False)
+        result.effects = effects
+        if effects and compensate:
+            self.durable.request_compensation(effects)
+            result.compensations = self.durable.run_pending_compensations()
+        elif effects:
+            listed = "; ".join(f"{e.tool}{_args_summary(e.args)} [{e.status}]" for e in effects)
+            warnings.warn(
+                f"rewound past {len(effects)} irreversible effect(s) that a rewind cannot undo: "
+                f"{listed}",
+                StashpointWarning,
+                stacklevel=2,
+            )
+        return result
 
     def _journal(
         self,
@@ -558,6 +830,13 @@ class Session:
             except (IntegrityError, NotFoundError) as exc:
                 self._roll_back(safety, exc)
                 raise
+        if state:  # the execution position went back: the branch's durable run is over
+            from .durable import run_key
+
+            self.store.meta.set_meta(run_key(self.name, self.branch), None)
+            self._run_record = _INHERIT
+            if self._durable is not None:
+                self._durable.end()
         if files and state:
             current_head = self.store.meta.get_head(self.name, self.branch)
             if current_head != target.id:
@@ -609,6 +888,7 @@ class Session:
         files = bool(journal["files"])
         ws = target.workspace if files else safety.workspace
         st = safety.state if files else target.state
+        jr = safety.journal if files else target.journal
         what = "files" if files else "state"
         cp = Checkpoint(
             id=ident,
@@ -625,6 +905,7 @@ class Session:
             deps=self._deps,
             state=st,
             workspace=ws,
+            journal=jr,
         )
         sealed, body = self.store.hasher.seal(cp)
         row = CheckpointRow(cp.id, cp.session, cp.branch, cp.parent, body, sealed.digest)
@@ -743,6 +1024,17 @@ class Session:
 
         out.files = list(TreeReader(blobs).diff(ta, tb))
         return out
+
+
+def _args_summary(args: Any, limit: int = 80) -> str:
+    """``(to='a@b', n=2)`` from a ledger's recorded [args, kwargs], cut to ``limit``."""
+    try:
+        pos, kw = args
+        parts = [repr(a) for a in pos] + [f"{k}={v!r}" for k, v in kw.items()]
+    except (TypeError, ValueError, AttributeError):
+        parts = [repr(args)]
+    text = "(" + ", ".join(parts) + ")"
+    return text if len(text) <= limit else text[: limit - 2] + "…)"
 
 
 def checkpoint_json(cp: Checkpoint, labels: Mapping[str, str] | None = None) -> dict[str, Any]:

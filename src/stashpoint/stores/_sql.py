@@ -13,7 +13,15 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
 from ..errors import ConflictError
-from .base import BlobRow, CheckpointRow, Commit, LogInfo, MessageRow, MetadataStore
+from .base import (
+    BlobRow,
+    CheckpointRow,
+    Commit,
+    LogAppend,
+    LogInfo,
+    MessageRow,
+    MetadataStore,
+)
 
 __all__ = ["TABLES", "SqlStore"]
 
@@ -139,6 +147,32 @@ class SqlStore(MetadataStore):
         for row in self._q(_LOG_SELECT):
             yield _log_info(row)
 
+    def append_log(self, append: LogAppend) -> None:
+        self._tx(self._append, append)
+
+    def _append(self, cur: Any, a: LogAppend) -> None:
+        """Create the log if new, check its tip (compare-and-set), insert the entries."""
+        if a.new is not None:
+            cur.execute(
+                self.sql(
+                    "INSERT INTO {t}logs(id, session, parent, parent_len) VALUES (?, ?, ?, ?)"
+                ),
+                (a.log, a.new.session, a.new.parent, a.new.parent_len),
+            )
+        (tip,) = cur.execute(
+            self.sql(
+                "SELECT COALESCE((SELECT MAX(idx) + 1 FROM {t}messages WHERE log=?), "
+                "(SELECT parent_len FROM {t}logs WHERE id=?))"
+            ),
+            (a.log, a.log),
+        ).fetchone()
+        if tip != a.start:
+            raise ConflictError(f"log {a.log} grew under us; another writer appended first")
+        cur.executemany(
+            self.sql("INSERT INTO {t}messages(log, idx, chain, data) VALUES (?, ?, ?, ?)"),
+            [(a.log, a.start + i, ch, data) for i, (ch, data) in enumerate(a.messages)],
+        )
+
     # -- checkpoints ----------------------------------------------------------------------
     def commit(self, commit: Commit) -> None:
         self._tx(self._apply_commit, commit)
@@ -154,27 +188,7 @@ class SqlStore(MetadataStore):
                 "another writer checkpointed first"
             )
         if c.append is not None:
-            a = c.append
-            if a.new is not None:
-                cur.execute(
-                    self.sql(
-                        "INSERT INTO {t}logs(id, session, parent, parent_len) VALUES (?, ?, ?, ?)"
-                    ),
-                    (a.log, a.new.session, a.new.parent, a.new.parent_len),
-                )
-            (tip,) = cur.execute(
-                self.sql(
-                    "SELECT COALESCE((SELECT MAX(idx) + 1 FROM {t}messages WHERE log=?), "
-                    "(SELECT parent_len FROM {t}logs WHERE id=?))"
-                ),
-                (a.log, a.log),
-            ).fetchone()
-            if tip != a.start:
-                raise ConflictError(f"conversation log {a.log} grew under us; retry")
-            cur.executemany(
-                self.sql("INSERT INTO {t}messages(log, idx, chain, data) VALUES (?, ?, ?, ?)"),
-                [(a.log, a.start + i, ch, data) for i, (ch, data) in enumerate(a.messages)],
-            )
+            self._append(cur, c.append)
         if c.blobs:
             self._insert_blobs(cur, c.blobs)
         cur.execute(

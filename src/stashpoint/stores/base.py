@@ -124,6 +124,12 @@ class MetadataStore(ABC):
     @abstractmethod
     def iter_logs(self) -> Iterator[tuple[str, LogInfo]]: ...
 
+    @abstractmethod
+    def append_log(self, append: LogAppend) -> None:
+        """Append to a log (creating it when ``append.new`` is set) if its tip is still
+        ``append.start``; else raise ConflictError and write nothing. Durable on return: the
+        durable-execution journal records each step's result this way, between checkpoints."""
+
     # -- checkpoints ----------------------------------------------------------------------
     @abstractmethod
     def commit(self, commit: Commit) -> None:

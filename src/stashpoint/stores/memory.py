@@ -6,7 +6,15 @@ import threading
 from collections.abc import Iterable, Iterator, Sequence
 
 from ..errors import ConflictError
-from .base import BlobRow, CheckpointRow, Commit, LogInfo, MessageRow, MetadataStore
+from .base import (
+    BlobRow,
+    CheckpointRow,
+    Commit,
+    LogAppend,
+    LogInfo,
+    MessageRow,
+    MetadataStore,
+)
 
 __all__ = ["MemoryStore"]
 
@@ -62,6 +70,21 @@ class MemoryStore(MetadataStore):
     def iter_logs(self) -> Iterator[tuple[str, LogInfo]]:
         yield from list(self._logs.items())
 
+    def append_log(self, append: LogAppend) -> None:
+        with self._lock:
+            self._apply_append(append, self._check_append(append))
+
+    def _check_append(self, a: LogAppend) -> LogInfo:
+        info = a.new if a.new is not None else self._logs.get(a.log)
+        if info is None or info.length != a.start or (a.new is not None and a.log in self._logs):
+            raise ConflictError(f"log {a.log} grew under us; another writer appended first")
+        return info
+
+    def _apply_append(self, a: LogAppend, info: LogInfo) -> None:
+        self._logs[a.log] = info._replace(length=a.start + len(a.messages))
+        for i, (chain, data) in enumerate(a.messages):
+            self._messages[(a.log, a.start + i)] = MessageRow(a.start + i, chain, data)
+
     def commit(self, commit: Commit) -> None:
         row = commit.row
         with self._lock:
@@ -72,21 +95,11 @@ class MemoryStore(MetadataStore):
                     "another writer checkpointed first"
                 )
             a = commit.append
-            if a is not None:
-                info = a.new if a.new is not None else self._logs.get(a.log)
-                if (
-                    info is None
-                    or info.length != a.start
-                    or (a.new is not None and a.log in self._logs)
-                ):
-                    raise ConflictError(f"conversation log {a.log} grew under us; retry")
+            info = self._check_append(a) if a is not None else None
             if row.id in self._checkpoints:
                 raise ConflictError(f"checkpoint {row.id} exists already")
-            if a is not None:
-                assert info is not None
-                self._logs[a.log] = info._replace(length=a.start + len(a.messages))
-                for i, (chain, data) in enumerate(a.messages):
-                    self._messages[(a.log, a.start + i)] = MessageRow(a.start + i, chain, data)
+            if a is not None and info is not None:
+                self._apply_append(a, info)
             for b in commit.blobs:
                 self._blobs.setdefault(b.digest, b)
             self._checkpoints[row.id] = row

@@ -19,7 +19,15 @@ from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
 from ..errors import ConflictError, StoreError, UsageError
-from .base import BlobRow, CheckpointRow, Commit, LogInfo, MessageRow, MetadataStore
+from .base import (
+    BlobRow,
+    CheckpointRow,
+    Commit,
+    LogAppend,
+    LogInfo,
+    MessageRow,
+    MetadataStore,
+)
 
 __all__ = ["RedisStore"]
 
@@ -70,6 +78,24 @@ end
 return 'ok'
 """
 
+# ARGV: prefix, log, start, new_log(0/1), session, log_parent, log_parent_len, then entries.
+_APPEND = """
+local p, log, start, newlog = ARGV[1], ARGV[2], tonumber(ARGV[3]), ARGV[4]
+if newlog == '1' then
+  if redis.call('EXISTS', p .. 'log:' .. log) == 1 then return 'conflict:log' end
+  redis.call('HSET', p .. 'log:' .. log, 'session', ARGV[5], 'parent', ARGV[6],
+             'parent_len', ARGV[7])
+  redis.call('SADD', p .. 'logs', log)
+end
+if redis.call('EXISTS', p .. 'log:' .. log) == 0 then return 'conflict:log' end
+local plen = tonumber(redis.call('HGET', p .. 'log:' .. log, 'parent_len'))
+if plen + redis.call('HLEN', p .. 'msgs:' .. log) ~= start then return 'conflict:tip' end
+for i = 8, #ARGV do
+  redis.call('HSET', p .. 'msgs:' .. log, tostring(start + i - 8), ARGV[i])
+end
+return 'ok'
+"""
+
 _SET_HEAD = """
 local cur = redis.call('HGET', KEYS[1], ARGV[1])
 if (ARGV[3] == '' and cur) or (ARGV[3] ~= '' and cur ~= ARGV[3]) then return 0 end
@@ -107,6 +133,7 @@ class RedisStore(MetadataStore):
             raise StoreError(f"cannot connect to Redis: {exc}") from exc
         self._commit = self._r.register_script(_COMMIT)
         self._set_head = self._r.register_script(_SET_HEAD)
+        self._append = self._r.register_script(_APPEND)
 
     def _k(self, *parts: str | bytes) -> bytes:
         return self.prefix + b"".join(p.encode() if isinstance(p, str) else p for p in parts)
@@ -180,6 +207,26 @@ class RedisStore(MetadataStore):
             info = self.log_info(raw.decode())
             if info is not None:
                 yield raw.decode(), info
+
+    def append_log(self, append: LogAppend) -> None:
+        a, new = append, append.new
+        result = self._call(
+            self._append,
+            args=[
+                self.prefix,
+                a.log,
+                a.start,
+                "1" if new is not None else "0",
+                new.session if new is not None else "",
+                (new.parent or "") if new is not None else "",
+                new.parent_len if new is not None else 0,
+                *(chain + data for chain, data in a.messages),
+            ],
+        )
+        if result != b"ok":
+            raise ConflictError(
+                f"append to log {a.log} lost a race ({result.decode()}); another writer appended"
+            )
 
     # -- checkpoints ----------------------------------------------------------------------
     def commit(self, commit: Commit) -> None:

@@ -117,6 +117,24 @@ class MetadataStoreConformance:
         assert ms.log_info("L2") == LogInfo("s", "L1", 2, 3)
         assert dict(ms.iter_logs()).keys() == {"L1", "L2"}
 
+    def test_append_log_without_checkpoint(self, ms: MetadataStore) -> None:
+        """The journal grows between checkpoints: appends are compare-and-set on the tip."""
+        e = [(hashlib.sha256(bytes([i])).digest(), f"e{i}".encode()) for i in range(4)]
+        ms.append_log(LogAppend("J1", 0, e[:1], LogInfo("s", None, 0, 0)))
+        ms.append_log(LogAppend("J1", 1, e[1:3]))
+        assert ms.log_info("J1") == LogInfo("s", None, 0, 3)
+        with pytest.raises(ConflictError):  # a second writer at the same position
+            ms.append_log(LogAppend("J1", 2, e[3:]))
+        with pytest.raises(ConflictError):  # creating a log that exists
+            ms.append_log(LogAppend("J1", 0, e[:1], LogInfo("s", None, 0, 0)))
+        with pytest.raises(ConflictError):  # appending to a log that does not exist
+            ms.append_log(LogAppend("J9", 0, e[:1]))
+        assert ms.log_info("J9") is None
+        assert [r.data for r in ms.read_messages("J1", 0, 9)] == [b"e0", b"e1", b"e2"]
+        ms.append_log(LogAppend("J2", 2, e[3:], LogInfo("s", "J1", 2, 2)))  # a fork at 2
+        assert ms.log_info("J2") == LogInfo("s", "J1", 2, 3)
+        assert [r.idx for r in ms.read_messages("J2", 0, 9)] == [2]
+
     def test_list_newest_first_with_pagination(self, ms: MetadataStore) -> None:
         parent = None
         ids = [f"01{i:03d}" for i in range(30)]

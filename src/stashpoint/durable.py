@@ -1,0 +1,1134 @@
+"""Durable execution: steps that run once, task progress, a side-effect ledger, approval gates.
+
+A durable run journals every call it makes through :meth:`Session.step`, :meth:`Session.tool`,
+:meth:`Session.plan` and :meth:`Session.task` into an append-only log (the same kind of log as
+the conversation: hash-chained rows, forked without copying). When the process dies and the
+program runs again, it re-executes from the top and every call that has a journal entry returns
+the recorded result instead of running its body — so the program must make the same durable
+calls in the same order, and keep its non-determinism (LLM calls, clocks, I/O) inside steps.
+
+Each call takes a *slot*: its number in call order. Entries carry their slot, so a replay looks
+calls up by slot, not by log position, and concurrent async steps may finish in any order.
+
+Entries (JSON objects; ``k`` is the kind, ``s`` the slot)::
+
+    step      n, fp, ok, r | e        a step's result or error
+    intent    n, fp, key, a           an irreversible tool is about to run (its arguments)
+    effect    n, fp, key, ok, r | e   what it did (or a human's "it happened" / "reject")
+    resolve   key, outcome=retry      a human said an in-doubt effect did not happen: run again
+    request   n, fp, id, a            an approval-gated tool asks for a decision
+    decision  id, fp, approved, why   the decision, appended by ``approve`` / ``reject``
+    plan      tasks                   the task list
+    task      id, status, note        a task changed status
+    done      ok, r                   the run's return value
+
+A journal belongs to a branch through a *run record* (store meta ``run:<session>:<branch>``):
+the log that receives appends and the checkpoint the run started from. Rewinding or forking
+ends the run, so a later run starts a new log from the target's journal: its steps replay up
+to the target and execute afresh after it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import builtins
+import contextvars
+import functools
+import hashlib
+import inspect
+import json
+import os
+import sys
+import time
+from collections.abc import Awaitable, Callable, Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Literal, TypeVar
+
+import msgspec
+
+from . import serde
+from ._ids import new_id
+from .errors import ConflictError, IntegrityError, NotFoundError, StashpointError, UsageError
+from .integrity import EMPTY_CHAIN, message_chain
+from .model import Checkpoint, LogRef, utc_now_iso
+from .stores.base import LogAppend, LogInfo
+
+if TYPE_CHECKING:
+    from .session import Session
+
+__all__ = [
+    "TASK_STATUSES",
+    "Decision",
+    "DivergenceError",
+    "Effect",
+    "Pending",
+    "RunPaused",
+    "RunResult",
+    "Task",
+    "ToolRejected",
+    "current_effect_key",
+]
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+TASK_STATUSES = ("pending", "in_progress", "completed", "failed", "skipped")
+_DONE_TASK = ("completed", "skipped")
+_json = msgspec.json.Encoder()
+_effect_key: contextvars.ContextVar[str | None] = contextvars.ContextVar(
+    "stashpoint_effect_key", default=None
+)
+_unjson = msgspec.json.Decoder()
+
+
+# -- errors and results -------------------------------------------------------------------
+class DivergenceError(StashpointError):
+    """The program made a different durable call than the journal recorded at that slot.
+
+    Replaying recorded results into different calls would be silent corruption, so the run
+    stops at exactly that call. Rewind to a checkpoint before it, or start a fresh run.
+    """
+
+
+class ToolRejected(StashpointError):
+    """A human rejected this tool call (or an in-doubt effect); the agent decides what next."""
+
+    def __init__(self, message: str, *, tool: str, reason: str | None) -> None:
+        super().__init__(message)
+        self.tool = tool
+        self.reason = reason
+
+
+@dataclass(frozen=True)
+class Pending:
+    """A decision a human has to make before the run can go on."""
+
+    kind: Literal["approval", "in_doubt"]
+    id: str
+    """Approval request id, or the in-doubt effect's idempotency key."""
+    tool: str
+    args: Any
+    fingerprint: str
+    checkpoint: str | None = None
+    """The checkpoint taken when the run paused (``stashpoint approve`` accepts it too)."""
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "kind": self.kind,
+            "id": self.id,
+            "tool": self.tool,
+            "args": self.args,
+            "fingerprint": self.fingerprint,
+            "checkpoint": self.checkpoint,
+        }
+
+
+class RunPaused(BaseException):
+    """Raised out of a gated tool to stop the run until a human decides.
+
+    A BaseException so that an agent's ``except Exception`` does not swallow it;
+    :meth:`Session.run` catches it and returns a paused :class:`RunResult`.
+    """
+
+    def __init__(self, pending: Pending) -> None:
+        super().__init__(f"waiting for a decision on {pending.tool} ({pending.id})")
+        self.pending = pending
+
+
+@dataclass
+class RunResult:
+    status: Literal["completed", "awaiting_approval", "in_doubt"]
+    value: Any = None
+    pending: Pending | None = None
+    replayed: int = 0
+    """Calls answered from the journal in this process."""
+    executed: int = 0
+    """Calls that ran their body in this process."""
+
+    @property
+    def paused(self) -> bool:
+        return self.status != "completed"
+
+
+@dataclass
+class Task:
+    id: str
+    title: str
+    status: str = "pending"
+    note: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"id": self.id, "title": self.title, "status": self.status, "note": self.note}
+
+
+@dataclass(frozen=True)
+class Effect:
+    """One irreversible external action in the ledger."""
+
+    key: str
+    """Idempotency key: the same across retries of one logical call."""
+    tool: str
+    args: Any
+    status: Literal["done", "failed", "in_doubt"]
+    result: Any = None
+    position: int = 0
+    """Index of the entry in the journal log."""
+    compensable: bool = False
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "key": self.key,
+            "tool": self.tool,
+            "args": self.args,
+            "status": self.status,
+            "result": self.result,
+            "position": self.position,
+            "compensable": self.compensable,
+        }
+
+
+@dataclass(frozen=True)
+class Decision:
+    id: str
+    approved: bool
+    reason: str | None
+    by: str
+
+
+@dataclass
+class _ToolSpec:
+    name: str
+    irreversible: bool
+    approval: bool
+    compensate: Callable[..., Any] | None
+
+
+def current_effect_key() -> str | None:
+    """Idempotency key of the irreversible tool call running now: pass it to the API you call
+    (e.g. an ``Idempotency-Key`` header), so a retry after an in-doubt crash, which reuses the
+    key, cannot do the thing twice."""
+    return _effect_key.get()
+
+
+# -- fingerprints ---------------------------------------------------------------------------
+def fingerprint(name: str, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> str:
+    """A digest of a call's arguments; arguments stashpoint cannot encode count by type only."""
+    try:
+        tree = [serde.to_tree(list(args)), serde.to_tree(dict(kwargs))]
+    except StashpointError:
+        tree = [[_loose(a) for a in args], {k: _loose(v) for k, v in sorted(kwargs.items())}]
+    data = msgspec.json.encode([name, tree], order="sorted")
+    return hashlib.sha256(data).hexdigest()[:32]
+
+
+def _loose(value: Any) -> Any:
+    try:
+        return serde.to_tree(value)
+    except StashpointError:
+        t = type(value)
+        return {"~type": f"{t.__module__}.{t.__qualname__}"}
+
+
+def _error_tree(exc: BaseException) -> dict[str, Any]:
+    t = type(exc)
+    return {"type": f"{t.__module__}.{t.__qualname__}", "message": str(exc)}
+
+
+_BUILTIN_ERRORS = {
+    name: obj
+    for name, obj in vars(builtins).items()
+    if isinstance(obj, type) and issubclass(obj, Exception)
+}
+
+
+class StepFailed(StashpointError):
+    """A replayed step had failed with an exception type stashpoint does not re-create."""
+
+    def __init__(self, message: str, *, type_name: str) -> None:
+        super().__init__(message)
+        self.type_name = type_name
+
+
+def _rebuild_error(err: Mapping[str, Any]) -> BaseException:
+    """The recorded error again: builtin exception types by name, anything else as StepFailed
+    (never importing or instantiating a class named by stored data)."""
+    type_name, message = str(err.get("type", "")), str(err.get("message", ""))
+    module, _, name = type_name.rpartition(".")
+    if module == "builtins" and name in _BUILTIN_ERRORS:
+        return _BUILTIN_ERRORS[name](message)
+    if type_name == f"{__name__}.ToolRejected":
+        return ToolRejected(message, tool=str(err.get("tool", "")), reason=err.get("reason"))
+    return StepFailed(f"{type_name}: {message}", type_name=type_name)
+
+
+# -- the journal ----------------------------------------------------------------------------
+def run_key(session: str, branch: str) -> str:
+    return f"run:{session}:{branch}"
+
+
+def compensation_key(session: str, branch: str) -> str:
+    return f"compensate:{session}:{branch}"
+
+
+class Journal:
+    """The live journal of one branch: the head checkpoint's entries plus a run's tail."""
+
+    def __init__(self, session: Session, *, fresh: bool = False) -> None:
+        self.session = session
+        meta = session.store.meta
+        head = session.head
+        self.key = run_key(session.name, session.branch)
+        raw = meta.get_meta(self.key)
+        record: dict[str, Any] | None = json.loads(raw) if raw else None
+        if record is not None and not fresh and record_applies(record, head):
+            self.record: dict[str, Any] | None = record
+            log = str(record["log"])
+            info = meta.log_info(log)
+            if info is None:  # the run started but appended nothing yet
+                self.new: LogInfo | None = LogInfo(
+                    session.name, record["parent"], int(record["parent_len"]), 0
+                )
+                rows = self._rows(record["parent"], int(record["parent_len"]))
+            else:
+                self.new = None
+                rows = self._rows(log, info.length)
+            self.log: str | None = log
+        else:
+            self.record, self.log, self.new = None, None, None
+            ref = head.journal if head is not None and not fresh else None
+            rows = self._rows(ref.log, ref.length) if ref is not None else []
+            if ref is not None and rows and rows[-1][0] != ref.hash:
+                raise IntegrityError(f"journal log {ref.log} does not match checkpoint {head}")
+        self.chains = [c for c, _ in rows]
+        self.entries: list[dict[str, Any]] = [_unjson.decode(d) for _, d in rows]
+        self.fresh = fresh
+        self.by_slot: dict[int, list[int]] = {}
+        for i, e in enumerate(self.entries):
+            self.by_slot.setdefault(int(e.get("s", -1)), []).append(i)
+
+    def _rows(self, log: str | None, length: int) -> list[tuple[str, bytes]]:
+        """(chain hex, data) of the first ``length`` entries, chain-verified."""
+        if log is None or length == 0:
+            return []
+        out = []
+        chain = EMPTY_CHAIN
+        for stored, data in self.session._message_rows(log, length):
+            chain = message_chain(chain, data)
+            if bytes.fromhex(chain) != stored:
+                raise IntegrityError(f"journal log {log} is corrupt")
+            out.append((chain, data))
+        return out
+
+    @property
+    def live(self) -> bool:
+        return self.record is not None
+
+    def start(self, *, argv: list[str] | None = None, cwd: str | None = None) -> None:
+        """Become the run that appends: a new log continuing the head's journal."""
+        if self.record is not None:
+            return
+        head = self.session.head
+        ref = head.journal if head is not None and not self.fresh else None
+        self.log = new_id()
+        parent, parent_len = (ref.log, ref.length) if ref is not None else (None, 0)
+        self.new = LogInfo(self.session.name, parent, parent_len, parent_len)
+        self.record = {
+            "log": self.log,
+            "base": head.id if head is not None else None,
+            "parent": parent,
+            "parent_len": parent_len,
+            "argv": argv if argv is not None else list(getattr(sys, "orig_argv", sys.argv)),
+            "cwd": cwd if cwd is not None else os.getcwd(),
+            "started": utc_now_iso(),
+        }
+        self.session.store.meta.set_meta(self.key, json.dumps(self.record))
+
+    def ref(self) -> LogRef | None:
+        """What a checkpoint taken now records as its journal."""
+        if not self.entries:
+            return None
+        if self.new is not None:  # nothing appended to our own log: point at the parent's
+            assert self.new.parent is not None
+            return LogRef(self.new.parent, len(self.entries), self.chains[-1])
+        assert self.log is not None
+        return LogRef(self.log, len(self.entries), self.chains[-1])
+
+    def append(self, entry: dict[str, Any]) -> int:
+        """Durably append one entry; its index. ConflictError if another process appended."""
+        if self.record is None:
+            self.start()
+        assert self.log is not None
+        data = _json.encode(entry)
+        prev = self.chains[-1] if self.chains else EMPTY_CHAIN
+        chain = message_chain(prev, data)
+        start = len(self.entries)
+        try:
+            self.session.store.meta.append_log(
+                LogAppend(self.log, start, [(bytes.fromhex(chain), data)], self.new)
+            )
+        except ConflictError:
+            raise ConflictError(
+                f"session {self.session.name!r} branch {self.session.branch!r} is being run by "
+                "another process (its journal moved); stop one of them"
+            ) from None
+        self.new = None
+        self.entries.append(entry)
+        self.chains.append(chain)
+        self.by_slot.setdefault(int(entry.get("s", -1)), []).append(start)
+        return start
+
+    def slot(self, s: int) -> list[dict[str, Any]]:
+        return [self.entries[i] for i in self.by_slot.get(s, ())]
+
+    # -- derived views ----------------------------------------------------------------------
+    def tasks(self, upto: int | None = None) -> list[Task]:
+        return fold_tasks(self.entries[:upto])
+
+    def pending(self) -> Pending | None:
+        """The decision the run is waiting for: an unanswered approval request or an effect
+        whose outcome is unknown (the process died between intent and outcome)."""
+        if not self.entries:
+            return None
+        last = self.entries[-1]
+        if last.get("k") == "request":
+            return Pending(
+                "approval", str(last["id"]), str(last["n"]), last.get("a"), str(last["fp"])
+            )
+        if last.get("k") == "intent":
+            return Pending(
+                "in_doubt", str(last["key"]), str(last["n"]), last.get("a"), str(last["fp"])
+            )
+        return None
+
+    def effects(self, start: int = 0) -> list[Effect]:
+        """The ledger from log position ``start``: each logical irreversible call once."""
+        out: dict[str, Effect] = {}
+        for pos in range(start, len(self.entries)):
+            e = self.entries[pos]
+            k = e.get("k")
+            if k == "intent":
+                key = str(e["key"])
+                out[key] = Effect(key, str(e["n"]), e.get("a"), "in_doubt", None, pos)
+            elif k == "effect":
+                key = str(e["key"])
+                prev = out.get(key)
+                status: Literal["done", "failed"] = "done" if e.get("ok") else "failed"
+                args = prev.args if prev is not None else e.get("a")
+                out[key] = Effect(key, str(e["n"]), args, status, e.get("r"), pos)
+            elif k == "resolve":
+                out.pop(str(e["key"]), None)  # "it did not happen": retried under a new intent
+        return [x for x in out.values() if x.status != "failed"]
+
+    def status(self) -> str:
+        if any(e.get("k") == "done" for e in self.entries[-1:]):
+            return "completed"
+        p = self.pending()
+        if p is not None:
+            return "awaiting_approval" if p.kind == "approval" else "in_doubt"
+        return "running" if self.live else ("idle" if not self.entries else "stopped")
+
+
+def fold_tasks(entries: list[dict[str, Any]]) -> list[Task]:
+    """Task statuses after these journal entries: the plan, then every status change."""
+    tasks: dict[str, Task] = {}
+    for e in entries:
+        k = e.get("k")
+        if k == "plan":
+            for tid, title in e.get("tasks", []):
+                tasks.setdefault(str(tid), Task(str(tid), str(title)))
+        elif k == "task":
+            t = tasks.setdefault(str(e["id"]), Task(str(e["id"]), str(e["id"])))
+            t.status, t.note = str(e["status"]), e.get("note")
+    return list(tasks.values())
+
+
+def record_applies(record: Mapping[str, Any], head: Checkpoint | None) -> bool:
+    """Whether a run record is the branch's live run: the head is where it started, one of
+    its checkpoints, or a checkpoint taken on top without a journal of its own (a ``snap``).
+    Rewinds and forks delete the record; this check guards against any other head move."""
+    if head is None:
+        return record.get("base") is None
+    if head.id == record.get("base"):
+        return True
+    j = head.journal
+    if j is None:  # the run started from an empty journal and has not checkpointed since
+        return record.get("parent") is None
+    if j.log == record.get("log"):
+        return True
+    return j.log == record.get("parent") and j.length == record.get("parent_len")
+
+
+def common_prefix(a: Journal, ref: LogRef | None, session: Session) -> int:
+    """How many leading entries journal ``a`` shares with the journal ``ref`` points at."""
+    if ref is None:
+        return 0
+    n = min(ref.length, len(a.chains))
+    if n == ref.length and n and a.chains[n - 1] == ref.hash:
+        return n
+    rows = session._message_rows(ref.log, ref.length)
+    chain, k = EMPTY_CHAIN, 0
+    for k in range(min(len(rows), len(a.chains))):
+        chain = message_chain(chain, rows[k][1])
+        if a.chains[k] != chain:
+            return k
+    return min(len(rows), len(a.chains))
+
+
+# -- the engine -----------------------------------------------------------------------------
+class Durable:
+    """Per-session durable-execution state: the registered steps and tools, the journal
+    cursor and the checkpoint policy. :class:`Session` delegates to it."""
+
+    def __init__(self, session: Session, policy: frozenset[str]) -> None:
+        self.session = session
+        self.policy = policy
+        self.tools: dict[str, _ToolSpec] = {}
+        self.resources: dict[str, Callable[[], Any]] = {}
+        self._live_resources: dict[str, Any] = {}
+        self.state_provider: Callable[[], Mapping[str, Any]] | None = None
+        self.journal: Journal | None = None
+        self._slot = 0
+        self.replayed = 0
+        self.executed = 0
+        self._depth = 0
+
+    # -- run lifecycle ----------------------------------------------------------------------
+    def begin(self, *, fresh: bool = False) -> Journal:
+        j = Journal(self.session, fresh=fresh)
+        j.start()
+        self.journal, self._slot, self.replayed, self.executed = j, 0, 0, 0
+        self.run_pending_compensations()
+        return j
+
+    def end(self) -> None:
+        self.journal = None
+
+    def _journal(self) -> Journal:
+        if self.journal is None:
+            self.begin()
+        assert self.journal is not None
+        return self.journal
+
+    def _next_slot(self) -> int:
+        if self.journal is None:  # a durable call outside run(): join or start the run
+            self.begin()
+        s = self._slot
+        self._slot += 1
+        return s
+
+    def _diverged(self, s: int, got: Mapping[str, Any], want: str) -> DivergenceError:
+        j = self._journal()
+        name = str(got.get("n") or got.get("id") or "")
+        return DivergenceError(
+            f"replay diverged at call #{s} of session {self.session.name!r}: the journal has "
+            f"{got.get('k')} {name!r}"
+            f"{' with other arguments' if name and name in want else ''}, "
+            f"the program now calls {want}. A durable run must make the same calls in the "
+            "same order (keep non-determinism inside steps); rewind to a checkpoint before "
+            f"this call or start a fresh run. Journal {j.log}, {len(j.entries)} entries."
+        )
+
+    def _match(self, s: int, kind: str, name: str, fp: str) -> list[dict[str, Any]]:
+        """The slot's entries if recorded (checking it is the same call), else []."""
+        entries = self._journal().slot(s)
+        if entries:
+            first = entries[0]
+            if first.get("k") != kind or first.get("n") != name or first.get("fp") != fp:
+                raise self._diverged(s, first, f"{kind} {name!r}")
+        return entries
+
+    def _after_live(self, trigger: str, message: str) -> None:
+        if trigger in self.policy and self._depth == 0:
+            self.checkpoint(kind="auto", message=message)
+
+    def checkpoint(self, status: str = "running", **kwargs: Any) -> Checkpoint:
+        """A checkpoint of the run: the tracked state (if any), the files, the journal."""
+        state = self.state_provider() if self.state_provider is not None else None
+        files = self.session.workspace is not None
+        return self.session.checkpoint(state, status=status, files=files, **kwargs)
+
+    # -- steps ------------------------------------------------------------------------------
+    def step(
+        self,
+        fn: Callable[..., Any],
+        *,
+        name: str | None = None,
+        retries: int = 0,
+        backoff: float = 0.5,
+    ) -> Callable[..., Any]:
+        step_name: str = name or str(getattr(fn, "__qualname__", repr(fn)))
+        if inspect.iscoroutinefunction(fn):
+
+            @functools.wraps(fn)
+            async def astep(*args: Any, **kwargs: Any) -> Any:
+                s, fp = self._next_slot(), fingerprint(step_name, args, kwargs)
+                done = self._replay_step(s, step_name, fp)
+                if done is not None:
+                    return done()
+                for attempt in range(retries + 1):
+                    try:
+                        self._depth += 1
+                        try:
+                            value = await fn(*args, **kwargs)
+                        finally:
+                            self._depth -= 1
+                    except Exception as exc:
+                        if attempt < retries:
+                            await asyncio.sleep(backoff * 2**attempt)
+                            continue
+                        self._record_step(s, step_name, fp, error=exc)
+                        raise
+                    return self._record_step(s, step_name, fp, value=value)
+                raise AssertionError("unreachable")  # pragma: no cover
+
+            return astep
+
+        @functools.wraps(fn)
+        def step(*args: Any, **kwargs: Any) -> Any:
+            s, fp = self._next_slot(), fingerprint(step_name, args, kwargs)
+            done = self._replay_step(s, step_name, fp)
+            if done is not None:
+                return done()
+            for attempt in range(retries + 1):
+                try:
+                    self._depth += 1
+                    try:
+                        value = fn(*args, **kwargs)
+                    finally:
+                        self._depth -= 1
+                except Exception as exc:
+                    if attempt < retries:
+                        time.sleep(backoff * 2**attempt)
+                        continue
+                    self._record_step(s, step_name, fp, error=exc)
+                    raise
+                return self._record_step(s, step_name, fp, value=value)
+            raise AssertionError("unreachable")  # pragma: no cover
+
+        return step
+
+    def _replay_step(self, s: int, name: str, fp: str) -> Callable[[], Any] | None:
+        entries = self._match(s, "step", name, fp)
+        if not entries:
+            return None
+        e = entries[0]
+        self.replayed += 1
+
+        def result() -> Any:
+            if e.get("ok"):
+                return serde.from_tree(e.get("r"))
+            raise _rebuild_error(e.get("e") or {})
+
+        return result
+
+    def _record_step(
+        self, s: int, name: str, fp: str, *, value: Any = None, error: BaseException | None = None
+    ) -> Any:
+        entry: dict[str, Any] = {"k": "step", "s": s, "n": name, "fp": fp}
+        if error is None:
+            entry["ok"], entry["r"] = True, serde.to_tree(value)
+        else:
+            entry["ok"], entry["e"] = False, _error_tree(error)
+        self._journal().append(entry)
+        self.executed += 1
+        self._after_live("step", f"after step {name}")
+        return value
+
+    # -- tools ------------------------------------------------------------------------------
+    def tool(
+        self,
+        fn: Callable[..., Any],
+        *,
+        name: str | None = None,
+        irreversible: bool = False,
+        approval: bool = False,
+        compensate: Callable[..., Any] | None = None,
+    ) -> Callable[..., Any]:
+        tool_name: str = name or str(getattr(fn, "__qualname__", repr(fn)))
+        spec = _ToolSpec(tool_name, irreversible or compensate is not None, approval, compensate)
+        self.tools[tool_name] = spec
+        as_step = self.step(fn, name=tool_name) if not spec.irreversible else None
+        if inspect.iscoroutinefunction(fn):
+
+            @functools.wraps(fn)
+            async def atool(*args: Any, **kwargs: Any) -> Any:
+                if spec.approval:
+                    self._gate(spec, args, kwargs)
+                if as_step is not None:
+                    return await as_step(*args, **kwargs)
+                slot, key, settled = self._effect_begin(spec, args, kwargs)
+                if settled is not None:
+                    return settled()
+                token = _effect_key.set(key)
+                try:
+                    value = await fn(*args, **kwargs)
+                except Exception as exc:
+                    self._effect_end(spec, slot, key, error=exc)
+                    raise
+                finally:
+                    _effect_key.reset(token)
+                return self._effect_end(spec, slot, key, value=value)
+
+            return atool
+
+        @functools.wraps(fn)
+        def tool(*args: Any, **kwargs: Any) -> Any:
+            if spec.approval:
+                self._gate(spec, args, kwargs)
+            if as_step is not None:
+                return as_step(*args, **kwargs)
+            slot, key, settled = self._effect_begin(spec, args, kwargs)
+            if settled is not None:
+                return settled()
+            token = _effect_key.set(key)
+            try:
+                value = fn(*args, **kwargs)
+            except Exception as exc:
+                self._effect_end(spec, slot, key, error=exc)
+                raise
+            finally:
+                _effect_key.reset(token)
+            return self._effect_end(spec, slot, key, value=value)
+
+        return tool
+
+    def _gate(self, spec: _ToolSpec, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        s, fp = self._next_slot(), fingerprint(spec.name, args, kwargs)
+        entries = self._match(s, "request", spec.name, fp)
+        if not entries:
+            req: dict[str, Any] = {"k": "request", "s": s, "n": spec.name, "fp": fp}
+            req["id"] = new_id()
+            req["a"] = _loose([list(args), kwargs])
+            self._journal().append(req)
+            self.executed += 1
+            pending = Pending("approval", req["id"], spec.name, req["a"], fp)
+            cp = self.checkpoint(
+                status="awaiting_approval",
+                kind="paused",
+                message=f"waiting for approval of {spec.name}",
+                meta={"approval": pending.to_dict()},
+            )
+            self._pause(pending, cp)
+        self.replayed += 1
+        decision = next((e for e in entries[1:] if e.get("k") == "decision"), None)
+        if decision is None:
+            pending = Pending("approval", str(entries[0]["id"]), spec.name, entries[0].get("a"), fp)
+            self._pause(pending, self.session.head)
+        assert decision is not None
+        if decision.get("fp") != fp:  # bound to the arguments it was given for
+            raise self._diverged(s, decision, f"{spec.name!r} with other arguments")
+        if not decision.get("approved"):
+            reason = decision.get("why")
+            raise ToolRejected(
+                f"{spec.name} was rejected" + (f": {reason}" if reason else ""),
+                tool=spec.name,
+                reason=reason,
+            )
+
+    def _pause(self, pending: Pending, cp: Checkpoint | None) -> None:
+        if cp is not None and cp.status in ("awaiting_approval", "in_doubt"):
+            pending = Pending(
+                pending.kind, pending.id, pending.tool, pending.args, pending.fingerprint, cp.id
+            )
+        raise RunPaused(pending)
+
+    def _effect_begin(
+        self, spec: _ToolSpec, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> tuple[int, str, Callable[[], Any] | None]:
+        """(slot, idempotency key, recorded outcome or None): intent first, then the call."""
+        s, fp = self._next_slot(), fingerprint(spec.name, args, kwargs)
+        entries = self._match(s, "intent", spec.name, fp)
+        if not entries:
+            key = new_id()
+            self._record_intent(spec, s, fp, key, args, kwargs)
+            return s, key, None
+        self.replayed += 1
+        last = entries[-1]
+        k = last.get("k")
+        key = str(entries[0]["key"])
+        if k == "effect":
+            if last.get("ok"):
+                value = serde.from_tree(last.get("r"))
+                return s, key, lambda: value
+            error = _rebuild_error(last.get("e") or {})
+
+            def fail() -> Any:
+                raise error
+
+            return s, key, fail
+        if k == "resolve":  # a human said it did not happen: try again, same key
+            self._record_intent(spec, s, fp, key, args, kwargs)
+            return s, key, None
+        # An intent with no outcome: the process died while the effect ran. Never re-run it
+        # on a guess: pause until a human says whether it happened.
+        pending = Pending("in_doubt", key, spec.name, last.get("a"), fp)
+        cp = self.session.head
+        if cp is None or cp.status != "in_doubt":
+            cp = self.checkpoint(
+                status="in_doubt",
+                kind="paused",
+                message=f"outcome of {spec.name} unknown: decide before resuming",
+                meta={"in_doubt": pending.to_dict()},
+            )
+        self._pause(pending, cp)
+        raise AssertionError("unreachable")  # pragma: no cover - _pause raises
+
+    def _record_intent(
+        self,
+        spec: _ToolSpec,
+        s: int,
+        fp: str,
+        key: str,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+    ) -> None:
+        try:
+            a = serde.to_tree([list(args), dict(kwargs)])
+        except StashpointError as exc:
+            raise UsageError(
+                f"irreversible tool {spec.name}: its arguments are recorded in the side-effect "
+                f"ledger and must be encodable ({exc})"
+            ) from None
+        if self.policy:  # any automatic policy: a checkpoint to rewind to before the effect
+            self.checkpoint(kind="auto", message=f"before {spec.name}")
+        intent = {"k": "intent", "s": s, "n": spec.name, "fp": fp, "key": key, "a": a}
+        intent["t"] = utc_now_iso()
+        self._journal().append(intent)
+
+    def _effect_end(
+        self,
+        spec: _ToolSpec,
+        s: int,
+        key: str,
+        *,
+        value: Any = None,
+        error: BaseException | None = None,
+    ) -> Any:
+        entry: dict[str, Any] = {"k": "effect", "s": s, "n": spec.name, "key": key}
+        entry["t"] = utc_now_iso()
+        if error is None:
+            entry["ok"], entry["r"] = True, _loose(value)
+        else:
+            entry["ok"], entry["e"] = False, _error_tree(error)
+        self._journal().append(entry)
+        self.executed += 1
+        self._after_live("tool", f"after {spec.name}")
+        return value
+
+    # -- tasks ------------------------------------------------------------------------------
+    def plan(self, tasks: list[str] | list[tuple[str, str]] | Mapping[str, str]) -> list[Task]:
+        items: list[tuple[str, str]] = []
+        if isinstance(tasks, Mapping):
+            items = [(str(k), str(v)) for k, v in tasks.items()]
+        else:
+            for t in tasks:
+                items.append((t, t) if isinstance(t, str) else (str(t[0]), str(t[1])))
+        if len({i for i, _ in items}) != len(items):
+            raise UsageError("task ids in a plan must be unique")
+        s = self._next_slot()
+        fp = hashlib.sha256(_json.encode(items)).hexdigest()[:32]
+        entries = self._match(s, "plan", "plan", fp)
+        if entries:
+            self.replayed += 1
+        else:
+            self._journal().append(
+                {"k": "plan", "s": s, "n": "plan", "fp": fp, "tasks": [list(x) for x in items]}
+            )
+        return self.tasks()
+
+    def tasks(self) -> list[Task]:
+        """Task statuses as of the current point of the run (replay-consistent)."""
+        j = self._journal()
+        upto = max((i for s in range(self._slot) for i in j.by_slot.get(s, ())), default=-1)
+        return j.tasks(upto + 1)
+
+    def remaining(self) -> list[Task]:
+        return [t for t in self.tasks() if t.status not in _DONE_TASK]
+
+    def set_task(self, task_id: str, status: str, note: str | None = None) -> None:
+        if status not in TASK_STATUSES:
+            raise UsageError(f"task status must be one of {', '.join(TASK_STATUSES)}")
+        s = self._next_slot()
+        fp = f"{task_id}:{status}"
+        entries = self._match(s, "task", "task", fp)
+        if entries:
+            self.replayed += 1
+            return
+        self._journal().append(
+            {
+                "k": "task",
+                "s": s,
+                "n": "task",
+                "fp": fp,
+                "id": task_id,
+                "status": status,
+                "note": note,
+            }
+        )
+        if status in ("completed", "failed", "skipped"):
+            self._after_live("task", f"task {task_id} {status}")
+
+    @contextmanager
+    def task(self, task_id: str) -> Iterator[None]:
+        self.set_task(task_id, "in_progress")
+        try:
+            yield
+        except ToolRejected as exc:
+            self.set_task(task_id, "skipped", str(exc))
+            raise
+        except Exception as exc:
+            self.set_task(task_id, "failed", f"{type(exc).__name__}: {exc}")
+            raise
+        self.set_task(task_id, "completed")
+
+    # -- running a program ------------------------------------------------------------------
+    def run(
+        self, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], *, fresh: bool
+    ) -> RunResult:
+        self.begin(fresh=fresh)
+        try:
+            value = fn(*args, **kwargs)
+        except RunPaused as p:
+            return self._paused(p)
+        except Exception as exc:
+            self._failed(exc)
+            raise
+        return self._finish(value)
+
+    async def arun(
+        self,
+        fn: Callable[..., Awaitable[Any]],
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        *,
+        fresh: bool,
+    ) -> RunResult:
+        self.begin(fresh=fresh)
+        try:
+            value = await fn(*args, **kwargs)
+        except RunPaused as p:
+            return self._paused(p)
+        except Exception as exc:
+            self._failed(exc)
+            raise
+        return self._finish(value)
+
+    def _paused(self, p: RunPaused) -> RunResult:
+        status: Literal["awaiting_approval", "in_doubt"] = (
+            "awaiting_approval" if p.pending.kind == "approval" else "in_doubt"
+        )
+        res = RunResult(status, None, p.pending, self.replayed, self.executed)
+        self.end()
+        return res
+
+    def _failed(self, exc: Exception) -> None:
+        try:
+            self.session.checkpoint(
+                self.state_provider() if self.state_provider else None,
+                kind="auto",
+                status="failed",
+                message=f"run failed: {type(exc).__name__}: {exc}"[:500],
+                files=self.session.workspace is not None,
+            )
+        finally:
+            self.end()
+
+    def _finish(self, value: Any) -> RunResult:
+        s = self._next_slot()
+        j = self._journal()
+        entries = j.slot(s)
+        if entries and entries[0].get("k") == "done":
+            recorded = serde.from_tree(entries[0].get("r"))
+            res = RunResult("completed", recorded, None, self.replayed, self.executed)
+            self.end()
+            return res
+        if entries:
+            raise self._diverged(s, entries[0], "the end of the run")
+        try:
+            tree = serde.to_tree(value)
+        except StashpointError:
+            tree = None
+        j.append({"k": "done", "s": s, "ok": True, "r": tree})
+        self.session.checkpoint(
+            self.state_provider() if self.state_provider else None,
+            kind="milestone",
+            status="completed",
+            message="run completed",
+            files=self.session.workspace is not None,
+        )
+        res = RunResult("completed", value, None, self.replayed, self.executed)
+        self.end()
+        return res
+
+    # -- resources --------------------------------------------------------------------------
+    def resource(self, name: str) -> Any:
+        """The live object for a registered resource, created once per process."""
+        if name not in self._live_resources:
+            factory = self.resources.get(name)
+            if factory is None:
+                raise NotFoundError(f"no resource {name!r} is registered on this session")
+            self._live_resources[name] = factory()
+        return self._live_resources[name]
+
+    # -- compensation -----------------------------------------------------------------------
+    def request_compensation(self, effects: list[Effect]) -> None:
+        key = compensation_key(self.session.name, self.session.branch)
+        todo = [e.to_dict() for e in reversed(effects)]  # newest first: a saga unwinds
+        self.session.store.meta.set_meta(key, json.dumps({"todo": todo, "done": []}))
+
+    def run_pending_compensations(self) -> list[dict[str, Any]]:
+        """Run requested compensations whose functions this process registered, newest
+        effect first, each recorded; the rest stay requested (for the program that has them)."""
+        meta = self.session.store.meta
+        key = compensation_key(self.session.name, self.session.branch)
+        raw = meta.get_meta(key)
+        if raw is None:
+            return []
+        plan = json.loads(raw)
+        done: list[dict[str, Any]] = plan["done"]
+        for item in list(plan["todo"]):
+            spec = self.tools.get(item["tool"])
+            if spec is None:
+                return done  # later: when the program that registers the tool runs
+            record: dict[str, Any] = {"key": item["key"], "tool": item["tool"]}
+            if spec.compensate is None:
+                record.update(ok=None, skipped="the tool has no compensation")
+            else:
+                args, kwargs = serde.from_tree(item["args"]) if item["args"] else ([], {})
+                try:
+                    out = spec.compensate(serde.from_tree(item["result"]), *args, **kwargs)
+                    record.update(ok=True, result=_loose(out))
+                except Exception as exc:
+                    record.update(ok=False, error=_error_tree(exc))
+            done.append(record)
+            plan["todo"].remove(item)
+            meta.set_meta(key, json.dumps(plan))
+        self.session.checkpoint(
+            kind="auto",
+            message=f"compensated {len(done)} effect(s)",
+            meta={"compensations": done},
+            files=False,
+        )
+        meta.set_meta(key, None)
+        return done
+
+
+def decide(
+    session: Session,
+    ident: str | None,
+    *,
+    approved: bool,
+    reason: str | None = None,
+    by: str | None = None,
+    done_result: Any = None,
+    mark_done: bool = False,
+) -> Checkpoint:
+    """Record a human decision on what the branch's run waits for (``approve`` / ``reject``).
+
+    ``ident`` may be the request id, the in-doubt effect's key, the paused checkpoint's id (or
+    a prefix, label, ``HEAD``), or None when exactly one decision is pending. The decision is
+    appended to the run's journal, where the resumed run consumes it once, and recorded as an
+    ``approval`` checkpoint (who, when, why) so the history shows it.
+    """
+    j = Journal(session)
+    pending = j.pending()
+    if pending is None or not j.live:
+        raise NotFoundError(
+            f"session {session.name!r} branch {session.branch!r} is not waiting for a decision"
+        )
+    head = session.head
+    if ident is not None and ident not in (pending.id,):
+        try:
+            cp_id = session.resolve(ident)
+        except StashpointError:
+            cp_id = None
+        if cp_id is None or head is None or cp_id != head.id:
+            raise NotFoundError(
+                f"no pending decision {ident!r}; the run waits for {pending.kind} "
+                f"{pending.id} ({pending.tool})"
+            )
+    who = by or os.environ.get("USER") or "unknown"
+    last = j.entries[-1]
+    s = int(last["s"])
+    entry: dict[str, Any]
+    if pending.kind == "approval":
+        if mark_done:
+            raise UsageError("--done applies to an in-doubt effect, not to an approval")
+        entry = {"k": "decision", "s": s, "id": pending.id, "fp": pending.fingerprint}
+        entry.update({"approved": approved, "why": reason, "by": who, "t": utc_now_iso()})
+    elif approved and not mark_done:
+        entry = {"k": "resolve", "s": s, "key": pending.id, "outcome": "retry", "by": who}
+        entry.update({"why": reason, "t": utc_now_iso()})
+    else:
+        entry = {"k": "effect", "s": s, "n": pending.tool, "key": pending.id, "by": who}
+        entry["t"] = utc_now_iso()
+        if approved:
+            entry["ok"], entry["r"] = True, serde.to_tree(done_result)
+        else:
+            entry["ok"] = False
+            entry["e"] = {
+                "type": f"{__name__}.ToolRejected",
+                "message": f"{pending.tool} was rejected" + (f": {reason}" if reason else ""),
+                "tool": pending.tool,
+                "reason": reason,
+            }
+    j.append(entry)
+    verb = (
+        "approved"
+        if pending.kind == "approval" and approved
+        else "rejected"
+        if not approved
+        else "marked done"
+        if mark_done
+        else "to retry"
+    )
+    decision: dict[str, Any] = {"kind": pending.kind, "id": pending.id, "tool": pending.tool}
+    decision["decision"] = verb
+    decision.update({"by": who, "reason": reason, "fingerprint": pending.fingerprint})
+    return session.checkpoint(
+        kind="approval",
+        message=f"{pending.tool} {verb} by {who}" + (f": {reason}" if reason else ""),
+        meta={"decision": decision},
+        files=False,
+        journal=j.ref(),
+        status="running",
+    )
+
+
+def run_status(session: Session) -> dict[str, Any]:
+    """What ``stashpoint resume --dry-run`` and ``tasks`` show."""
+    j = Journal(session)
+    pending = j.pending()
+    tasks = j.tasks()
+    next_task = next((t for t in tasks if t.status not in _DONE_TASK), None)
+    head = session.head
+    if (
+        pending is not None
+        and head is not None
+        and head.status in ("awaiting_approval", "in_doubt")
+    ):
+        pending = Pending(
+            pending.kind, pending.id, pending.tool, pending.args, pending.fingerprint, head.id
+        )
+    return {
+        "session": session.name,
+        "branch": session.branch,
+        "status": j.status(),
+        "head": head.id if head else None,
+        "journal": len(j.entries),
+        "steps": sum(1 for e in j.entries if e.get("k") == "step"),
+        "pending": pending.to_dict() if pending else None,
+        "tasks": [t.to_dict() for t in tasks],
+        "next_task": next_task.to_dict() if next_task else None,
+        "effects": [e.to_dict() for e in j.effects()],
+        "command": (j.record or {}).get("argv"),
+        "cwd": (j.record or {}).get("cwd"),
+    }
+
+
+def tasks_at(session: Session, cp: Checkpoint) -> list[Task]:
+    """Task statuses recorded in one checkpoint's journal."""
+    if cp.journal is None:
+        return []
+    rows = session._message_rows(cp.journal.log, cp.journal.length)
+    return fold_tasks([_unjson.decode(d) for _, d in rows])

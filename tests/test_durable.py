@@ -1,0 +1,470 @@
+"""Durable execution through the API: replay, divergence, tasks, ledger, approvals, policy."""
+
+from __future__ import annotations
+
+import asyncio
+import warnings
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import stashpoint
+from stashpoint.durable import DivergenceError, StepFailed, ToolRejected
+
+
+class Crash(BaseException):
+    """Stands in for the process dying: nothing after it runs, nothing catches it."""
+
+
+class Agent:
+    """A small agent program whose step bodies count their executions."""
+
+    def __init__(self, store: stashpoint.Store, *, crash_at: int | None = None, **kw: Any):
+        self.run = store.session("job", **kw)
+        self.calls: dict[str, int] = {}
+        self.crash_at = crash_at
+        self.sent: list[str] = []
+        run = self.run
+
+        @run.step
+        def think(i: int) -> str:
+            self._count(f"think{i}")
+            if self.crash_at == i:
+                raise Crash
+            return f"thought {i}"
+
+        @run.tool(irreversible=True)
+        def send(text: str) -> str:
+            self.sent.append(text)
+            return f"sent:{text}"
+
+        self.think, self.send = think, send
+
+    def _count(self, name: str) -> None:
+        self.calls[name] = self.calls.get(name, 0) + 1
+
+    def main(self) -> list[str]:
+        run = self.run
+        run.plan([("a", "think twice"), ("b", "send"), ("c", "think again")])
+        out = []
+        with run.task("a"):
+            out += [self.think(1), self.think(2)]
+        with run.task("b"):
+            out.append(self.send(out[-1]))
+        with run.task("c"):
+            out.append(self.think(3))
+        return out
+
+
+def test_a_resumed_run_replays_recorded_steps_and_finishes_the_same(
+    store: stashpoint.Store,
+) -> None:
+    first = Agent(store, crash_at=3)
+    with pytest.raises(Crash):
+        first.run.run(first.main)
+    assert first.calls == {"think1": 1, "think2": 1, "think3": 1}
+    assert first.sent == ["thought 2"]
+
+    again = Agent(store)  # a new process: fresh counters, same store
+    result = again.run.run(again.main)
+    assert result.status == "completed"
+    assert result.value == ["thought 1", "thought 2", "sent:thought 2", "thought 3"]
+    assert again.calls == {"think3": 1}  # only the step that never finished ran again
+    assert again.sent == []  # the irreversible tool was replayed from the ledger
+    assert result.executed >= 1 and result.replayed >= 4
+
+    tasks = {t.id: t.status for t in again.run.tasks()}
+    assert tasks == {"a": "completed", "b": "completed", "c": "completed"}
+    head = again.run.head
+    assert head is not None and head.status == "completed" and head.journal is not None
+
+    # running the finished program again returns the recorded result without executing
+    third = Agent(store)
+    assert third.run.run(third.main).value == result.value
+    assert third.calls == {} and third.sent == []
+
+
+def test_a_different_call_at_a_recorded_position_is_a_divergence(store: stashpoint.Store) -> None:
+    run = store.session("d")
+
+    @run.step
+    def ask(q: str) -> str:
+        return q.upper()
+
+    run.run(lambda: [ask("a"), ask("b")])
+    run2 = store.session("d")
+
+    @run2.step
+    def ask2(q: str) -> str:
+        raise AssertionError("must not run")
+
+    ask2.__qualname__ = "x"
+    with pytest.raises(DivergenceError, match="call #0"):
+        run2.run(lambda: ask2("a"))
+
+    run3 = store.session("d")
+    ask3 = run3.step(name=ask.__qualname__)(lambda q: q)
+    with pytest.raises(DivergenceError, match="call #1"):
+        run3.run(lambda: [ask3("a"), ask3("other")])  # same name, other arguments
+
+
+def test_step_errors_are_journaled_and_replayed(store: stashpoint.Store) -> None:
+    calls: list[str] = []
+
+    class Custom(Exception):
+        pass
+
+    def program(run: stashpoint.Session) -> Any:
+        @run.step(name="boom")
+        def boom() -> None:
+            calls.append("boom")
+            raise ValueError("bad input")
+
+        @run.step(name="odd")
+        def odd() -> None:
+            calls.append("odd")
+            raise Custom("custom")
+
+        def main() -> list[BaseException]:
+            caught = []
+            for fn in (boom, odd):
+                try:
+                    fn()
+                except Exception as exc:
+                    caught.append(exc)
+            return caught
+
+        return main
+
+    run = store.session("e")
+    first = run.run(program(run), fresh=True)
+    assert [type(e).__name__ for e in first.value] == ["ValueError", "Custom"]
+    run2 = store.session("e")
+    main2 = program(run2)
+    again = run2.run(main2)
+    assert calls == ["boom", "odd"]  # not re-executed
+    errs = main2()  # replays outside run(): the recorded errors, re-created safely
+    assert type(errs[0]) is ValueError and str(errs[0]) == "bad input"
+    assert isinstance(errs[1], StepFailed) and "Custom: custom" in str(errs[1])
+    assert again.status == "completed"
+
+
+def test_retries_journal_only_the_final_outcome(store: stashpoint.Store) -> None:
+    run = store.session("r")
+    attempts = []
+
+    @run.step(retries=2, backoff=0)
+    def flaky() -> int:
+        attempts.append(1)
+        if len(attempts) < 3:
+            raise TimeoutError("slow")
+        return len(attempts)
+
+    assert run.run(flaky).value == 3
+    assert run.run(flaky).value == 3 and len(attempts) == 3  # the same program again
+
+
+def test_async_steps_replay_by_call_order_even_when_they_finish_out_of_order(
+    store: stashpoint.Store,
+) -> None:
+    executed: list[int] = []
+
+    def make(run: stashpoint.Session) -> Any:
+        @run.step
+        async def fetch(i: int, delay: float) -> int:
+            await asyncio.sleep(delay)
+            executed.append(i)
+            return i * 10
+
+        async def main() -> list[int]:
+            return list(await asyncio.gather(fetch(1, 0.05), fetch(2, 0.0), fetch(3, 0.02)))
+
+        return main
+
+    run = store.session("a")
+    res = asyncio.run(run.arun(make(run)))
+    assert res.value == [10, 20, 30] and sorted(executed) == [1, 2, 3]
+    assert executed != [1, 2, 3]  # they finished out of order
+    executed.clear()
+    run2 = store.session("a")
+    assert asyncio.run(run2.arun(make(run2))).value == [10, 20, 30]
+    assert executed == []
+
+
+def test_approval_pauses_and_a_decision_applies_once_to_those_arguments(
+    store: stashpoint.Store,
+) -> None:
+    deployed: list[str] = []
+
+    def program(run: stashpoint.Session) -> Any:
+        @run.tool(irreversible=True, approval=True)
+        def deploy(env: str) -> str:
+            deployed.append(env)
+            return f"deployed {env}"
+
+        return lambda: [deploy("prod"), "after"]
+
+    run = store.session("ap")
+    res = run.run(program(run))
+    assert res.status == "awaiting_approval" and res.pending is not None
+    assert res.pending.tool.endswith("deploy") and res.pending.args == [["prod"], {}]
+    assert deployed == []
+    head = run.head
+    assert head is not None and head.status == "awaiting_approval" and head.kind == "paused"
+    assert res.pending.checkpoint == head.id
+
+    # resuming without a decision pauses again and takes no new checkpoint
+    run2 = store.session("ap")
+    assert run2.run(program(run2)).status == "awaiting_approval"
+    assert run2.head is not None and run2.head.id == head.id and deployed == []
+
+    decided = store.session("ap").approve(head.id, reason="looks fine", by="ops")
+    assert decided.kind == "approval" and decided.meta["decision"]["by"] == "ops"
+    with pytest.raises(stashpoint.NotFoundError):  # consumed: nothing pending any more
+        store.session("ap").approve()
+    run3 = store.session("ap")
+    assert run3.run(program(run3)).value == ["deployed prod", "after"]
+    assert deployed == ["prod"]
+    run4 = store.session("ap")
+    assert run4.run(program(run4)).value == ["deployed prod", "after"]
+    assert deployed == ["prod"]
+
+
+def test_a_rejected_tool_raises_in_the_agent(store: stashpoint.Store) -> None:
+    def program(run: stashpoint.Session) -> Any:
+        @run.tool(approval=True)
+        def rm_rf(path: str) -> None:
+            raise AssertionError("must not run")
+
+        def main() -> str:
+            try:
+                rm_rf("/")
+            except ToolRejected as exc:
+                return f"skipped: {exc.reason}"
+            return "ran"
+
+        return main
+
+    run = store.session("rj")
+    assert run.run(program(run)).status == "awaiting_approval"
+    store.session("rj").reject(reason="too dangerous")
+    run2 = store.session("rj")
+    assert run2.run(program(run2)).value == "skipped: too dangerous"
+
+
+def test_a_crash_between_intent_and_outcome_is_surfaced_not_rerun(
+    store: stashpoint.Store,
+) -> None:
+    sent: list[str] = []
+    crash = [True]
+
+    def program(run: stashpoint.Session) -> Any:
+        @run.tool(irreversible=True)
+        def charge(amount: int) -> str:
+            sent.append(str(stashpoint.current_effect_key()))
+            if crash[0]:
+                raise Crash  # died after the money moved, before the outcome was written
+            return f"charged {amount}"
+
+        return lambda: charge(5)
+
+    run = store.session("dbt")
+    with pytest.raises(Crash):
+        run.run(program(run))
+    crash[0] = False
+    run2 = store.session("dbt")
+    res = run2.run(program(run2))
+    assert res.status == "in_doubt" and res.pending is not None and len(sent) == 1
+    assert res.pending.id == sent[0]  # the idempotency key
+    assert run2.head is not None and run2.head.status == "in_doubt"
+
+    # a human checks: it did happen -> record it; the run goes on without charging again
+    store.session("dbt").approve(done=True, result="charged 5 (confirmed by hand)")
+    run3 = store.session("dbt")
+    assert run3.run(program(run3)).value == "charged 5 (confirmed by hand)"
+    assert len(sent) == 1
+
+
+def test_in_doubt_retry_reuses_the_idempotency_key(store: stashpoint.Store) -> None:
+    keys: list[str | None] = []
+    crash = [True]
+
+    def program(run: stashpoint.Session) -> Any:
+        @run.tool(irreversible=True)
+        def post(msg: str) -> str:
+            keys.append(stashpoint.current_effect_key())
+            if crash[0]:
+                raise Crash
+            return "posted"
+
+        return lambda: post("hi")
+
+    run = store.session("retry")
+    with pytest.raises(Crash):
+        run.run(program(run))
+    crash[0] = False
+    store.session("retry").approve(reason="the API says it never arrived")
+    run2 = store.session("retry")
+    assert run2.run(program(run2)).value == "posted"
+    assert len(keys) == 2 and keys[0] == keys[1] and keys[0] is not None
+
+
+def test_rewind_past_effects_lists_them_and_compensates_in_reverse(
+    store: stashpoint.Store, tmp_path: Path
+) -> None:
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    refunds: list[tuple[str, int]] = []
+
+    def program(run: stashpoint.Session) -> Any:
+        def refund(result: str, amount: int) -> str:
+            refunds.append((result, amount))
+            return f"refunded {amount}"
+
+        @run.tool(irreversible=True, compensate=refund)
+        def charge(amount: int) -> str:
+            (ws / f"receipt-{amount}").write_text(str(amount))
+            return f"charge-{amount}"
+
+        @run.tool(irreversible=True)
+        def email(to: str) -> str:
+            return f"mailed {to}"
+
+        def main() -> None:
+            charge(1)
+            run.checkpoint(label="after-first")
+            charge(2)
+            email("boss@example.com")
+            charge(3)
+
+        return main
+
+    run = store.session("comp", workspace=ws)
+    run.run(program(run))
+    effects = run.effects(since="after-first")
+    assert [(e.tool.rsplit(".", 1)[-1], e.args) for e in effects] == [
+        ("charge", [[2], {}]),
+        ("email", [["boss@example.com"], {}]),
+        ("charge", [[3], {}]),
+    ]
+    with pytest.warns(stashpoint.StashpointWarning, match="3 irreversible effect") as rec:
+        plain = run.rewind("after-first")
+    assert "email" in str(rec[0].message) and len(plain.effects) == 3
+    assert sorted(p.name for p in ws.iterdir()) == ["receipt-1"]  # files went back
+    run.rewind(plain.safety.id)  # undo the rewind: the effects are ahead again
+
+    res = run.rewind("after-first", compensate=True)
+    assert refunds == [("charge-3", 3), ("charge-2", 2)]  # newest first; email has none
+    assert [c["ok"] for c in res.compensations] == [True, None, True]
+    head = run.head
+    assert head is not None and head.meta["compensations"][0]["result"] == "refunded 3"
+
+
+def test_compensation_requested_elsewhere_runs_when_the_program_resumes(
+    store: stashpoint.Store,
+) -> None:
+    refunds: list[int] = []
+
+    def program(run: stashpoint.Session) -> Any:
+        @run.tool(irreversible=True, compensate=lambda r, n: refunds.append(n))
+        def charge(n: int) -> str:
+            return "ok"
+
+        def main() -> None:
+            run.checkpoint(label="start")
+            charge(7)
+
+        return main
+
+    run = store.session("later")
+    run.run(program(run))
+    other = store.session("later")  # like the CLI: no tools registered in this process
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        res = other.rewind("start", compensate=True)
+    assert res.compensations == [] and refunds == []
+    resumed = store.session("later")
+    resumed.run(program(resumed))
+    assert refunds == [7]
+
+
+def test_checkpoint_policy_every_step_records_each_step(store: stashpoint.Store) -> None:
+    run = store.session("pol", checkpoint_every="step")
+    n = [0]
+    run.track(lambda: {"n": n[0]})
+
+    @run.step
+    def inc() -> int:
+        n[0] += 1
+        return n[0]
+
+    run.run(lambda: [inc(), inc(), inc()])
+    autos = [c for c in run.history() if c.kind == "auto"]
+    assert len(autos) == 3
+    assert [run.state(c)["n"] for c in reversed(autos)] == [1, 2, 3]
+    with pytest.raises(stashpoint.UsageError, match="policy"):
+        store.session("pol", checkpoint_every="sometimes")
+
+
+def test_rewinding_state_restarts_execution_from_the_target(store: stashpoint.Store) -> None:
+    ran: list[int] = []
+
+    def program(run: stashpoint.Session) -> Any:
+        @run.step
+        def work(i: int) -> int:
+            ran.append(i)
+            return i
+
+        def main() -> list[int]:
+            out = [work(1)]
+            run.checkpoint(label="mid")
+            out.append(work(2))
+            return out
+
+        return main
+
+    run = store.session("rw")
+    run.run(program(run))
+    assert ran == [1, 2]
+    run.rewind("mid")
+    run2 = store.session("rw")
+    assert run2.run(program(run2)).value == [1, 2]
+    assert ran == [1, 2, 2]  # work(1) replayed, work(2) executed again after the target
+
+
+def test_a_snap_during_a_run_keeps_the_run_alive(store: stashpoint.Store) -> None:
+    ran: list[int] = []
+
+    def program(run: stashpoint.Session, crash: bool) -> Any:
+        @run.step
+        def work(i: int) -> int:
+            ran.append(i)
+            if crash and i == 2:
+                raise Crash
+            return i
+
+        return lambda: [work(1), work(2)]
+
+    run = store.session("snap")
+    with pytest.raises(Crash):
+        run.run(program(run, True))
+    store.session("snap").checkpoint(message="a manual snap after the crash")
+    run2 = store.session("snap")
+    assert run2.run(program(run2, False)).value == [1, 2]
+    assert ran == [1, 2, 2]
+
+
+def test_migrations_upgrade_old_state_and_newer_versions_are_refused(
+    store: stashpoint.Store,
+) -> None:
+    store.session("m", schema_version=1).checkpoint({"name": "x"})
+    v3 = store.session(
+        "m",
+        schema_version=3,
+        migrations={1: lambda s: {**s, "tags": []}, 2: lambda s: {**s, "v": 3}},
+    )
+    assert v3.state() == {"name": "x", "tags": [], "v": 3}
+    v3.checkpoint({"name": "y", "v": 3})
+    with pytest.raises(stashpoint.SchemaVersionError, match="newer"):
+        store.session("m", schema_version=2).state()
