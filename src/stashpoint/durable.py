@@ -713,7 +713,15 @@ class Durable:
         decision = next((e for e in entries[1:] if e.get("k") == "decision"), None)
         if decision is None:
             pending = Pending("approval", str(entries[0]["id"]), spec.name, entries[0].get("a"), fp)
-            self._pause(pending, self.session.head)
+            head = self.session.head
+            if head is None or head.status != "awaiting_approval":  # died before checkpointing
+                head = self.checkpoint(
+                    status="awaiting_approval",
+                    kind="paused",
+                    message=f"waiting for approval of {spec.name}",
+                    meta={"approval": pending.to_dict()},
+                )
+            self._pause(pending, head)
         assert decision is not None
         if decision.get("fp") != fp:  # bound to the arguments it was given for
             raise self._diverged(s, decision, f"{spec.name!r} with other arguments")
@@ -1047,7 +1055,7 @@ def decide(
                 f"no pending decision {ident!r}; the run waits for {pending.kind} "
                 f"{pending.id} ({pending.tool})"
             )
-    who = by or os.environ.get("USER") or "unknown"
+    who = by or _user()
     last = j.entries[-1]
     s = int(last["s"])
     entry: dict[str, Any]
@@ -1093,6 +1101,15 @@ def decide(
         journal=j.ref(),
         status="running",
     )
+
+
+def _user() -> str:
+    import getpass
+
+    try:
+        return getpass.getuser()
+    except (KeyError, OSError):  # no passwd entry for this uid (containers)
+        return f"uid {os.getuid()}"
 
 
 def run_status(session: Session) -> dict[str, Any]:

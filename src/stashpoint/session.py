@@ -17,7 +17,7 @@ import warnings
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar, cast, overload
 
 import msgspec
 
@@ -591,40 +591,75 @@ class Session:
             self._durable = Durable(self, self._policy)
         return self._durable
 
+    @overload
+    def step(self, fn: F, /) -> F: ...
+
+    @overload
+    def step(
+        self, fn: None = None, /, *, name: str | None = None, retries: int = 0, backoff: float = 0.5
+    ) -> Callable[[F], F]: ...
+
     def step(
         self,
         fn: F | None = None,
+        /,
         *,
         name: str | None = None,
         retries: int = 0,
         backoff: float = 0.5,
-    ) -> Any:
+    ) -> F | Callable[[F], F]:
         """Decorator: a durable step. It runs once; its result (or error) is journaled, and
         when the program runs again after a crash the recorded result is returned instead.
 
         ``@run.step`` or ``@run.step(name="ask", retries=3)``; sync and async functions.
+        Name steps explicitly when their ``__qualname__`` may change between versions.
         """
-        if fn is None:
-            return lambda f: self.durable.step(f, name=name, retries=retries, backoff=backoff)
-        return self.durable.step(fn, name=name, retries=retries, backoff=backoff)
 
+        def wrap(f: F) -> F:
+            return cast(F, self.durable.step(f, name=name, retries=retries, backoff=backoff))
+
+        return wrap if fn is None else wrap(fn)
+
+    @overload
+    def tool(self, fn: F, /) -> F: ...
+
+    @overload
     def tool(
         self,
-        fn: F | None = None,
+        fn: None = None,
+        /,
         *,
         name: str | None = None,
         irreversible: bool = False,
         approval: bool = False,
         compensate: Callable[..., Any] | None = None,
-    ) -> Any:
+    ) -> Callable[[F], F]: ...
+
+    def tool(
+        self,
+        fn: F | None = None,
+        /,
+        *,
+        name: str | None = None,
+        irreversible: bool = False,
+        approval: bool = False,
+        compensate: Callable[..., Any] | None = None,
+    ) -> F | Callable[[F], F]:
         """Decorator: a durable tool call. ``irreversible`` tools go into the side-effect
         ledger (intent before, outcome after: a crash in between is never silently re-run);
         ``approval`` tools pause the run until ``approve`` / ``reject``; ``compensate(result,
         *args, **kwargs)`` undoes an effect when a rewind asks for it (saga)."""
 
-        def wrap(f: Callable[..., Any]) -> Any:
-            return self.durable.tool(
-                f, name=name, irreversible=irreversible, approval=approval, compensate=compensate
+        def wrap(f: F) -> F:
+            return cast(
+                F,
+                self.durable.tool(
+                    f,
+                    name=name,
+                    irreversible=irreversible,
+                    approval=approval,
+                    compensate=compensate,
+                ),
             )
 
         return wrap if fn is None else wrap(fn)

@@ -330,22 +330,31 @@ def diff(ctx: Ctx, a: str, b: str, stat: bool) -> None:
 @click.argument("ref")
 @click.option("--files-only", is_flag=True, help="Restore files; keep the current state.")
 @click.option("--state-only", is_flag=True, help="Restore state; keep the current files.")
+@click.option(
+    "--compensate",
+    is_flag=True,
+    help="Run the registered compensations of irreversible effects after the target "
+    "(newest first), when the agent next resumes.",
+)
 @json_option
 @pass_ctx
-def rewind(ctx: Ctx, ref: str, files_only: bool, state_only: bool) -> None:
+def rewind(ctx: Ctx, ref: str, files_only: bool, state_only: bool, compensate: bool) -> None:
     """Go back to a checkpoint: files and state (default), or only one of them.
 
     A safety checkpoint of the current workspace is taken first, so a rewind can always be
-    undone: `stashpoint rewind <safety id>`. Ignored files are never touched.
+    undone: `stashpoint rewind <safety id>`. Ignored files are never touched. External
+    effects recorded after the target (messages sent, deployments) cannot be undone by a
+    rewind: they are listed; --compensate asks for their compensations.
 
     \b
     Example:
       stashpoint rewind HEAD~2 --files-only
+      stashpoint rewind before-deploy --compensate && stashpoint resume
     """
     if files_only and state_only:
         raise click.UsageError("--files-only and --state-only exclude each other")
     session = ctx.session()
-    result = session.rewind(ref, files=not state_only, state=not files_only)
+    result = session.rewind(ref, files=not state_only, state=not files_only, compensate=compensate)
     stats = result.files
     data = {
         "target": _cp_json(session, result.target),
@@ -354,6 +363,9 @@ def rewind(ctx: Ctx, ref: str, files_only: bool, state_only: bool) -> None:
         "files": None
         if stats is None
         else {**vars(stats), "kept_dirs": [os.fsdecode(p) for p in stats.kept_dirs]},
+        "effects": [e.to_dict() for e in result.effects],
+        "compensations": result.compensations,
+        "compensation_pending": compensate and len(result.compensations) < len(result.effects),
     }
     changed = (
         f"{stats.written} written, {stats.deleted} deleted" if stats is not None else "no files"
@@ -362,7 +374,13 @@ def rewind(ctx: Ctx, ref: str, files_only: bool, state_only: bool) -> None:
         ctx,
         data,
         f"rewound to {short(result.target.id)} ({changed}); "
-        f"undo with: stashpoint rewind {result.safety.id}",
+        f"undo with: stashpoint rewind {result.safety.id}"
+        + (
+            f"\n{len(result.effects)} compensation(s) requested: they run when the agent "
+            "resumes (stashpoint resume)"
+            if data["compensation_pending"]
+            else ""
+        ),
     )
 
 
