@@ -28,7 +28,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _common import Config
 
-BENCHES = {"workspace": "bench_workspace", "state": "bench_state", "cli": "bench_cli"}
+BENCHES = {
+    "workspace": "bench_workspace",
+    "state": "bench_state",
+    "cli": "bench_cli",
+    "durable": "bench_durable",
+}
 RESULTS = Path(__file__).resolve().parent / "results"
 
 

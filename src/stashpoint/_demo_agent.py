@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from ._store import open_store
-from .durable import fingerprint
+from .durable import ToolRejected, fingerprint
 from .session import Session
 
 EXIT_APPROVAL, EXIT_IN_DOUBT = 10, 11
@@ -82,7 +82,11 @@ def build(run: Session, outside: Path, delay: float) -> Any:
         time.sleep(delay / 2)  # the outcome is written after this: kills land in between
         return f"{kind} {what}"
 
-    @run.tool(name="deploy", irreversible=True, approval=True)
+    def rollback(result: str, version: str) -> str:
+        _append(outside / "effects.log", f"rolled-back {version} compensation")
+        return f"rolled back {version}"
+
+    @run.tool(name="deploy", irreversible=True, approval=True, compensate=rollback)
     def deploy(version: str) -> str:
         return effect("deployed", version)
 
@@ -107,9 +111,12 @@ def build(run: Session, outside: Path, delay: float) -> Any:
             n += write_file("test_calc.py", "from calc import add\nassert add(2, 3) == 5\n")
         with run.task("verify"):
             tests = run_tests()
-        with run.task("ship"):
-            shipped = deploy("v1.0.1")
-            told = notify("#releases", f"v1.0.1 is out; tests {tests}")
+        try:
+            with run.task("ship"):
+                shipped = deploy("v1.0.1")
+                told = notify("#releases", f"v1.0.1 is out; tests {tests}")
+        except ToolRejected as exc:  # a human said no: the task is skipped, the run goes on
+            shipped, told = f"not deployed: {exc.reason}", "nothing to tell"
         return {"analysis": [a, b], "bytes": n, "tests": tests, "ship": [shipped, told]}
 
     return main

@@ -280,6 +280,9 @@ class Journal:
         self.key = run_key(session.name, session.branch)
         raw = meta.get_meta(self.key)
         record: dict[str, Any] | None = json.loads(raw) if raw else None
+        self.last_command: dict[str, Any] = {
+            k: record[k] for k in ("argv", "cwd") if record is not None and k in record
+        }
         if record is not None and not fresh and record_applies(record, head):
             self.record: dict[str, Any] | None = record
             log = str(record["log"])
@@ -442,10 +445,24 @@ def fold_tasks(entries: list[dict[str, Any]]) -> list[Task]:
     return list(tasks.values())
 
 
+def end_run(session: Session) -> None:
+    """The branch's run is over (a rewind moved its execution position): the next run starts
+    a new journal from the head. The command that ran it is kept, for ``stashpoint resume``."""
+    meta, key = session.store.meta, run_key(session.name, session.branch)
+    raw = meta.get_meta(key)
+    if raw is None:
+        return
+    record = json.loads(raw)
+    if "log" in record:
+        meta.set_meta(key, json.dumps({k: record[k] for k in ("argv", "cwd") if k in record}))
+
+
 def record_applies(record: Mapping[str, Any], head: Checkpoint | None) -> bool:
     """Whether a run record is the branch's live run: the head is where it started, one of
     its checkpoints, or a checkpoint taken on top without a journal of its own (a ``snap``).
     Rewinds and forks delete the record; this check guards against any other head move."""
+    if "log" not in record:  # an ended run: only its command is left
+        return False
     if head is None:
         return record.get("base") is None
     if head.id == record.get("base"):
@@ -1138,8 +1155,8 @@ def run_status(session: Session) -> dict[str, Any]:
         "tasks": [t.to_dict() for t in tasks],
         "next_task": next_task.to_dict() if next_task else None,
         "effects": [e.to_dict() for e in j.effects()],
-        "command": (j.record or {}).get("argv"),
-        "cwd": (j.record or {}).get("cwd"),
+        "command": j.last_command.get("argv"),
+        "cwd": j.last_command.get("cwd"),
     }
 
 

@@ -866,9 +866,9 @@ class Session:
                 self._roll_back(safety, exc)
                 raise
         if state:  # the execution position went back: the branch's durable run is over
-            from .durable import run_key
+            from .durable import end_run
 
-            self.store.meta.set_meta(run_key(self.name, self.branch), None)
+            end_run(self)
             self._run_record = _INHERIT
             if self._durable is not None:
                 self._durable.end()
