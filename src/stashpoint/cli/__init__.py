@@ -82,7 +82,9 @@ def main(argv: list[str] | None = None) -> None:
 
     warnings.showwarning = _show_warning  # one readable line, not a source excerpt
     try:
-        cli.main(args=argv, prog_name="stashpoint", standalone_mode=False)
+        code = cli.main(args=argv, prog_name="stashpoint", standalone_mode=False)
+        if isinstance(code, int) and code:  # click returns Exit's code in this mode
+            sys.exit(code)
     except click.exceptions.Exit as exc:
         sys.exit(exc.exit_code)
     except click.exceptions.Abort:

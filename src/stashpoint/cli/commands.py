@@ -37,6 +37,9 @@ def _line(cp: Checkpoint, labels: dict[str, str], heads: dict[str, list[str]]) -
         parts.append(click.style(f"({', '.join(heads[cp.id])})", fg="green"))
     if label:
         parts.append(click.style(f"[{label}]", fg="cyan"))
+    if cp.status and cp.status != "running":
+        colour = {"completed": "green", "failed": "red"}.get(cp.status, "magenta")
+        parts.append(click.style(f"<{cp.status}>", fg=colour))
     if cp.message:
         parts.append(cp.message)
     return "  ".join(parts)
