@@ -138,3 +138,16 @@ def test_rewind_past_effects_warns_and_compensates_on_resume(
         ("notify", None),
         ("deploy", True),
     ]
+
+
+def test_the_demo_crashes_resumes_and_approves_a_durable_run(sp: Any, tmp_path: Path) -> None:
+    out = json.loads(sp("demo", "--dir", str(tmp_path / "d"), "--json", cwd=tmp_path).out)
+    d = out["durable"]
+    assert d["killed_after_steps"] >= 3 and d["executed_after_resume"] >= 1
+    assert d["result"]["ship"][0] == "deployed v1.0.1"
+    assert [e.rsplit(" ", 1)[0] for e in d["effects"]] == [
+        "deployed v1.0.1",
+        "notified #releases:v1.0.1 is out; tests passed",
+    ]
+    tasks = sp("--session", d["session"], "tasks", "--json", cwd=d["workspace"]).out
+    assert {t["status"] for t in json.loads(tasks)} == {"completed"}

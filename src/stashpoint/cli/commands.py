@@ -475,7 +475,8 @@ def verify(ctx: Ctx) -> None:
 @json_option
 @pass_ctx
 def demo(ctx: Ctx, directory: str | None) -> None:
-    """Run a scripted agent for ~10 steps, then rewind, fork and diff its history.
+    """Run a scripted agent for ~10 steps, then rewind, fork and diff its history; then a
+    durable agent that is killed with kill -9, resumed, paused for approval and approved.
 
     Deterministic, offline, no API key. Leaves the workspace and store behind for you to explore.
 

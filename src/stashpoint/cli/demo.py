@@ -88,6 +88,81 @@ def _steps(py: str) -> list[Step]:
     ]
 
 
+def _executions(outside: Path) -> list[tuple[str, int]]:
+    """(event, pid) of every step-body line the demo agent wrote."""
+    log = outside / "executions.log"
+    if not log.exists():
+        return []
+    return [(ln.split(" ")[0], int(ln.split(" ")[2])) for ln in log.read_text().splitlines()]
+
+
+def _durable_scene(base: Path, say: Callable[..., None]) -> dict[str, Any]:
+    """Crash and resume, then an approval: the scripted agent of stashpoint._demo_agent in a
+    subprocess, killed with SIGKILL mid-run, resumed, paused for approval, approved, finished."""
+    import json
+    import signal
+    import time
+
+    from .._demo_agent import EXIT_APPROVAL, SESSION
+
+    ws = base / "durable-agent"
+    ws.mkdir(parents=True, exist_ok=True)
+    outside = base / "outside-world"
+    cmd = [sys.executable, "-m", "stashpoint._demo_agent", "--store", str(ws / ".stashpoint")]
+    cmd += ["--workspace", str(ws), "--outside", str(outside), "--delay", "0.1"]
+    say(
+        click.style(
+            "\nDurable run: a second agent plans 4 tasks and journals every step", bold=True
+        )
+    )
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and proc.poll() is None:
+        if sum(1 for e, _ in _executions(outside) if e == "END") >= 3:
+            break
+        time.sleep(0.01)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    done_before = sum(1 for e, _ in _executions(outside) if e == "END")
+    say(f"  kill -9 after {done_before} finished steps (a crash, mid-task)")
+    from ..durable import Journal
+
+    store = open_store(ws / ".stashpoint")
+    journaled = sum(1 for e in Journal(store.session(SESSION)).entries if e.get("k") == "step")
+    store.close()
+    again = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    executed = sum(1 for e, pid in _executions(outside) if e == "START" and pid != proc.pid)
+    say(
+        f"  resumed: {journaled} journaled step(s) replayed (bodies not re-run), {executed} "
+        f"executed; the run now waits (exit {again.returncode}):"
+    )
+    store = open_store(ws / ".stashpoint")
+    run = store.session(SESSION)
+    pending = run.pending()
+    tasks = run.tasks()
+    say("  tasks: " + ", ".join(f"{t.id} [{t.status}]" for t in tasks))
+    if again.returncode == EXIT_APPROVAL and pending is not None:
+        from ..session import _args_summary
+
+        say(f"  waiting for approval of {pending.tool}{_args_summary(pending.args)}")
+        run.approve(reason="release checklist done", by="demo")
+        say("  approved (stashpoint approve); resuming once more:")
+    store.close()
+    final = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    result = json.loads(final.stdout.strip().splitlines()[-1]) if final.returncode == 0 else None
+    effects = (outside / "effects.log").read_text().splitlines() if outside.exists() else []
+    say(f"  completed: {result['ship'] if result else final.stderr.strip()[-200:]}")
+    say(f"  side-effect ledger: {len(effects)} external effect(s), each exactly once")
+    return {
+        "workspace": str(ws),
+        "session": SESSION,
+        "killed_after_steps": done_before,
+        "executed_after_resume": executed,
+        "result": result,
+        "effects": effects,
+    }
+
+
 def run_demo(directory: Path | None, *, json_out: bool = False) -> dict[str, Any]:
     base = Path(directory) if directory else Path(tempfile.mkdtemp(prefix="stashpoint-demo-"))
     ws = base / "agent-workspace"
@@ -166,6 +241,7 @@ def run_demo(directory: Path | None, *, json_out: bool = False) -> dict[str, Any
             for line in file_diff(store.blobs, c, "calc.py").splitlines():
                 color = "red" if line.startswith("-") else "green" if line.startswith("+") else None
                 say("  " + click.style(line, fg=color))
+    durable = _durable_scene(base, say)
     say(click.style("\nExplore it yourself:", bold=True))
     say(f"  cd {ws}")
     say("  stashpoint log --graph")
@@ -173,12 +249,14 @@ def run_demo(directory: Path | None, *, json_out: bool = False) -> dict[str, Any
     say("  stashpoint show HEAD")
     say(f"  stashpoint rewind {short(bad)} --files-only   # see the damage again")
     say("  stashpoint verify")
+    say(f"  cd {durable['workspace']} && stashpoint --session {durable['session']} tasks")
     say(f"\nThe store lives in {ws / '.stashpoint'} (SQLite + blobs).")
     out = {
         "workspace": str(ws),
         "fork": str(fork_dir),
         "store": str(ws / ".stashpoint"),
         "checkpoints": ids,
+        "durable": durable,
     }
     store.close()
     if json_out:
