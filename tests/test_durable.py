@@ -468,3 +468,65 @@ def test_migrations_upgrade_old_state_and_newer_versions_are_refused(
     v3.checkpoint({"name": "y", "v": 3})
     with pytest.raises(stashpoint.SchemaVersionError, match="newer"):
         store.session("m", schema_version=2).state()
+
+
+def test_forking_before_effects_lists_them(store: stashpoint.Store) -> None:
+    run = store.session("fk")
+
+    @run.tool(irreversible=True)
+    def post(text: str) -> str:
+        return text
+
+    def main() -> None:
+        run.checkpoint(label="before")
+        post("hello world")
+
+    run.run(main)
+    with pytest.warns(stashpoint.StashpointWarning, match=r"1 irreversible.*post\('hello world'\)"):
+        other = run.fork("before", "alt")
+    assert other.branch == "alt" and other.effects() == []
+
+
+def test_a_paused_run_resumes_under_a_changed_config_with_a_warning(
+    store: stashpoint.Store,
+) -> None:
+    def program(run: stashpoint.Session) -> Any:
+        @run.tool(approval=True)
+        def act() -> str:
+            return "acted"
+
+        return lambda: act()
+
+    run = store.session("cfg", config={"model": "a"})
+    assert run.run(program(run)).status == "awaiting_approval"
+    store.session("cfg").approve()
+    changed = store.session("cfg", config={"model": "b"})
+    with pytest.warns(stashpoint.StashpointWarning, match="different agent configuration"):
+        assert changed.run(program(changed)).value == "acted"
+
+
+def test_resources_are_recreated_in_each_process_by_their_hook(store: stashpoint.Store) -> None:
+    made: list[str] = []
+
+    def program(run: stashpoint.Session, crash: bool) -> Any:
+        @run.resource("db")
+        def connect() -> dict[str, str]:
+            made.append("db")
+            return {"dsn": "sqlite://"}
+
+        @run.step
+        def query(sql: str) -> str:
+            if crash:
+                raise Crash
+            return f"{run.get_resource('db')['dsn']}: {sql}"
+
+        return lambda: [run.get_resource("db") is run.get_resource("db"), query("select 1")]
+
+    first = store.session("res")
+    with pytest.raises(Crash):
+        first.run(program(first, True))
+    second = store.session("res")  # a new process: the connection is made again, once
+    assert second.run(program(second, False)).value == [True, "sqlite://: select 1"]
+    assert made == ["db", "db"]
+    with pytest.raises(stashpoint.NotFoundError, match="no resource 'cache'"):
+        second.get_resource("cache")

@@ -512,6 +512,19 @@ class Durable:
     # -- run lifecycle ----------------------------------------------------------------------
     def begin(self, *, fresh: bool = False) -> Journal:
         j = Journal(self.session, fresh=fresh)
+        head = self.session.head
+        mine = self.session.config_hash
+        if head is not None and j.entries and head.config_hash and mine != head.config_hash:
+            import warnings
+
+            from .session import StashpointWarning
+
+            warnings.warn(
+                f"resuming session {self.session.name!r} under a different agent configuration "
+                f"than checkpoint {head.id} was made with; recorded steps replay as recorded",
+                StashpointWarning,
+                stacklevel=4,
+            )
         j.start()
         self.journal, self._slot, self.replayed, self.executed = j, 0, 0, 0
         self.run_pending_compensations()

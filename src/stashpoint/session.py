@@ -432,8 +432,14 @@ class Session:
                 label=label,
                 message=message,
                 created_at=utc_now_iso(),
-                schema_version=self.schema_version,
-                config_hash=self.config_hash,
+                # A checkpoint that keeps the head's state (a CLI snap, an approval) keeps
+                # its schema version; one made without an agent config keeps the head's.
+                schema_version=(
+                    self.schema_version
+                    if state is not None or head is None
+                    else head.schema_version
+                ),
+                config_hash=self.config_hash or (head.config_hash if head else None),
                 deps=self._deps,
                 state=StateRef(conv, values),
                 workspace=ws_ref,
@@ -811,14 +817,17 @@ class Session:
             self.durable.request_compensation(effects)
             result.compensations = self.durable.run_pending_compensations()
         elif effects:
-            listed = "; ".join(f"{e.tool}{_args_summary(e.args)} [{e.status}]" for e in effects)
-            warnings.warn(
-                f"rewound past {len(effects)} irreversible effect(s) that a rewind cannot undo: "
-                f"{listed}",
-                StashpointWarning,
-                stacklevel=2,
-            )
+            self._warn_effects(effects, f"rewound past {len(effects)}")
         return result
+
+    @staticmethod
+    def _warn_effects(effects: list[Effect], what: str) -> None:
+        listed = "; ".join(f"{e.tool}{_args_summary(e.args)} [{e.status}]" for e in effects)
+        warnings.warn(
+            f"{what} irreversible effect(s) that cannot be undone: {listed}",
+            StashpointWarning,
+            stacklevel=3,
+        )
 
     def _journal(
         self,
@@ -935,8 +944,8 @@ class Session:
             kind="rewind",
             message=f"rewound {what} to {target.id}",
             created_at=utc_now_iso(),
-            schema_version=self.schema_version,
-            config_hash=self.config_hash,
+            schema_version=(safety if files else target).schema_version,
+            config_hash=self.config_hash or (safety if files else target).config_hash,
             deps=self._deps,
             state=st,
             workspace=ws,
@@ -997,6 +1006,9 @@ class Session:
             raise UsageError("invalid branch name")
         if branch in self.store.meta.branches(self.name):
             raise UsageError(f"branch {branch!r} already exists in session {self.name!r}")
+        effects = self.effects(since=target)
+        if effects:  # the new branch starts before them; the world has them already
+            self._warn_effects(effects, f"the fork starts before {len(effects)}")
         if into is not None:
             dest = Path(into).resolve()
             if dest.exists() and (not dest.is_dir() or any(dest.iterdir())):
