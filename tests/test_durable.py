@@ -3,6 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import http.server
+import json
+import shlex
+import subprocess
+import sys
+import threading
+import time
 import warnings
 from pathlib import Path
 from typing import Any
@@ -530,3 +537,87 @@ def test_resources_are_recreated_in_each_process_by_their_hook(store: stashpoint
     assert made == ["db", "db"]
     with pytest.raises(stashpoint.NotFoundError, match="no resource 'cache'"):
         second.get_resource("cache")
+
+
+def _gated(run: stashpoint.Session) -> Any:
+    @run.tool(name="wire", irreversible=True, approval=True)
+    def wire(amount: int, to: str) -> str:
+        return "wired"
+
+    return lambda: wire(250, to="ACME")
+
+
+def test_a_pause_notifies_a_command_with_what_and_how_to_approve(
+    store: stashpoint.Store, tmp_path: Path
+) -> None:
+    got = tmp_path / "notified.json"
+    script = f"import sys, pathlib; pathlib.Path({str(got)!r}).write_text(sys.stdin.read())"
+    run = store.session("n", notify=f"{sys.executable} -c {shlex.quote(script)}")
+    res = run.run(_gated(run))
+    assert res.status == "awaiting_approval"
+    for _ in range(200):  # the command runs detached: wait for it
+        if got.exists() and got.read_text():
+            break
+        time.sleep(0.02)
+    doc = json.loads(got.read_text())
+    assert doc["event"] == "awaiting_approval" and doc["tool"] == "wire"
+    assert doc["summary"] == "wire(250, to='ACME')"
+    assert doc["checkpoint"] == res.pending.checkpoint  # type: ignore[union-attr]
+    assert doc["approve"].endswith(f"--session n approve {doc['checkpoint']}")
+    assert "@" in doc["requested_by"]
+    # the approve command it suggests works as printed
+    argv = shlex.split(doc["approve"])
+    proc = subprocess.run([sys.executable, "-m", *argv], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+
+
+def test_a_webhook_gets_the_pause_and_a_failing_notifier_never_blocks(
+    store: stashpoint.Store,
+) -> None:
+    received: list[dict[str, Any]] = []
+
+    class Hook(http.server.BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            received.append(json.loads(self.rfile.read(int(self.headers["Content-Length"]))))
+            self.send_response(204)
+            self.end_headers()
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    server = http.server.HTTPServer(("127.0.0.1", 0), Hook)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        run = store.session("w", notify=f"http://127.0.0.1:{server.server_address[1]}/hook")
+        assert run.run(_gated(run)).status == "awaiting_approval"
+        assert received and received[0]["tool"] == "wire"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+    for broken in ("/nonexistent/notifier --x", "http://127.0.0.1:9/unreachable"):
+        name = "b" + str(abs(hash(broken)))
+        run = store.session(name, notify=broken)
+        assert run.run(_gated(run)).status == "awaiting_approval"  # paused all the same
+    assert store.home is not None
+    logged = (store.home / "notify.log").read_text()
+    assert "/nonexistent/notifier" in logged and "unreachable" in logged
+
+
+def test_long_steps_are_checkpointed_at_an_interval(store: stashpoint.Store) -> None:
+    run = store.session("iv", checkpoint_interval=0.05)
+    progress = {"rows": 0}
+    run.track(lambda: dict(progress))
+
+    @run.step
+    def crunch() -> int:
+        for _ in range(6):
+            progress["rows"] += 100
+            time.sleep(0.05)
+        return progress["rows"]
+
+    run.run(crunch)
+    during = [c for c in run.history() if "running" in (c.message or "")]
+    assert len(during) >= 2  # at least two ticks in ~0.3 s (machines are slow: no upper bound)
+    rows = [run.state(c)["rows"] for c in reversed(during)]
+    assert rows == sorted(rows) and 0 < rows[0] < 600

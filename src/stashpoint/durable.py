@@ -39,6 +39,7 @@ import inspect
 import json
 import os
 import sys
+import threading
 import time
 from collections.abc import Awaitable, Callable, Iterator, Mapping
 from contextlib import contextmanager
@@ -302,6 +303,7 @@ class Journal:
             rows = self._rows(ref.log, ref.length) if ref is not None else []
             if ref is not None and rows and rows[-1][0] != ref.hash:
                 raise IntegrityError(f"journal log {ref.log} does not match checkpoint {head}")
+        self.lock = threading.RLock()  # appends vs. a timer thread's checkpoint reading ref()
         self.chains = [c for c, _ in rows]
         self.entries: list[dict[str, Any]] = [_unjson.decode(d) for _, d in rows]
         self.fresh = fresh
@@ -348,6 +350,10 @@ class Journal:
 
     def ref(self) -> LogRef | None:
         """What a checkpoint taken now records as its journal."""
+        with self.lock:
+            return self._ref()
+
+    def _ref(self) -> LogRef | None:
         if not self.entries:
             return None
         if self.new is not None:  # nothing appended to our own log: point at the parent's
@@ -358,6 +364,10 @@ class Journal:
 
     def append(self, entry: dict[str, Any]) -> int:
         """Durably append one entry; its index. ConflictError if another process appended."""
+        with self.lock:
+            return self._append(entry)
+
+    def _append(self, entry: dict[str, Any]) -> int:
         if self.record is None:
             self.start()
         assert self.log is not None
@@ -597,11 +607,8 @@ class Durable:
                     return done()
                 for attempt in range(retries + 1):
                     try:
-                        self._depth += 1
-                        try:
+                        with self._body(step_name):
                             value = await fn(*args, **kwargs)
-                        finally:
-                            self._depth -= 1
                     except Exception as exc:
                         if attempt < retries:
                             await asyncio.sleep(backoff * 2**attempt)
@@ -621,11 +628,8 @@ class Durable:
                 return done()
             for attempt in range(retries + 1):
                 try:
-                    self._depth += 1
-                    try:
+                    with self._body(step_name):
                         value = fn(*args, **kwargs)
-                    finally:
-                        self._depth -= 1
                 except Exception as exc:
                     if attempt < retries:
                         time.sleep(backoff * 2**attempt)
@@ -636,6 +640,37 @@ class Durable:
             raise AssertionError("unreachable")  # pragma: no cover
 
         return step
+
+    @contextmanager
+    def _body(self, name: str) -> Iterator[None]:
+        """Around a step body: nesting depth (no policy checkpoints inside a step), and with
+        ``checkpoint_interval`` a timer thread checkpointing while a long body runs."""
+        self._depth += 1
+        interval = self.session.checkpoint_interval
+        stop = threading.Event()
+        timer = None
+        if interval is not None and self._depth == 1:
+
+            def tick() -> None:
+                n = 0
+                while not stop.wait(interval):
+                    n += 1
+                    try:
+                        self.checkpoint(kind="auto", message=f"{name}: running {n * interval:g} s")
+                    except Exception as exc:  # never break the step it watches
+                        import logging
+
+                        logging.getLogger(__name__).warning("interval checkpoint failed: %s", exc)
+
+            timer = threading.Thread(target=tick, name=f"stashpoint-interval-{name}", daemon=True)
+            timer.start()
+        try:
+            yield
+        finally:
+            self._depth -= 1
+            if timer is not None:
+                stop.set()
+                timer.join()
 
     def _replay_step(self, s: int, name: str, fp: str) -> Callable[[], Any] | None:
         entries = self._match(s, "step", name, fp)
@@ -732,25 +767,14 @@ class Durable:
             self._journal().append(req)
             self.executed += 1
             pending = Pending("approval", req["id"], spec.name, req["a"], fp)
-            cp = self.checkpoint(
-                status="awaiting_approval",
-                kind="paused",
-                message=f"waiting for approval of {spec.name}",
-                meta={"approval": pending.to_dict()},
-            )
-            self._pause(pending, cp)
+            self._pause(pending, self._paused_checkpoint(pending))
         self.replayed += 1
         decision = next((e for e in entries[1:] if e.get("k") == "decision"), None)
         if decision is None:
             pending = Pending("approval", str(entries[0]["id"]), spec.name, entries[0].get("a"), fp)
             head = self.session.head
             if head is None or head.status != "awaiting_approval":  # died before checkpointing
-                head = self.checkpoint(
-                    status="awaiting_approval",
-                    kind="paused",
-                    message=f"waiting for approval of {spec.name}",
-                    meta={"approval": pending.to_dict()},
-                )
+                head = self._paused_checkpoint(pending)
             self._pause(pending, head)
         assert decision is not None
         if decision.get("fp") != fp:  # bound to the arguments it was given for
@@ -762,6 +786,22 @@ class Durable:
                 tool=spec.name,
                 reason=reason,
             )
+
+    def _paused_checkpoint(self, pending: Pending) -> Checkpoint:
+        """The checkpoint a paused run rests on, and the notification that someone must act."""
+        from .notify import notify
+
+        approval = pending.kind == "approval"
+        cp = self.checkpoint(
+            status="awaiting_approval" if approval else "in_doubt",
+            kind="paused",
+            message=f"waiting for approval of {pending.tool}"
+            if approval
+            else f"outcome of {pending.tool} unknown: decide before resuming",
+            meta={"approval" if approval else "in_doubt": pending.to_dict()},
+        )
+        notify(self.session, self.session.notify, pending, cp)
+        return cp
 
     def _pause(self, pending: Pending, cp: Checkpoint | None) -> None:
         if cp is not None and cp.status in ("awaiting_approval", "in_doubt"):
@@ -802,12 +842,7 @@ class Durable:
         pending = Pending("in_doubt", key, spec.name, last.get("a"), fp)
         cp = self.session.head
         if cp is None or cp.status != "in_doubt":
-            cp = self.checkpoint(
-                status="in_doubt",
-                kind="paused",
-                message=f"outcome of {spec.name} unknown: decide before resuming",
-                meta={"in_doubt": pending.to_dict()},
-            )
+            cp = self._paused_checkpoint(pending)
         self._pause(pending, cp)
         raise AssertionError("unreachable")  # pragma: no cover - _pause raises
 

@@ -13,6 +13,7 @@ import hashlib
 import json
 import os
 import platform
+import threading
 import warnings
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -39,6 +40,7 @@ from .workspace import Change, RestoreStats, Workspace, check_root
 
 if TYPE_CHECKING:
     from .durable import Durable, Effect, Pending, RunResult, Task
+    from .notify import Notifier
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -131,6 +133,11 @@ class Session:
             (only manual ones). Any policy also checkpoints before every irreversible tool.
         migrations: ``{version: fn}`` upgrading a state dict from ``version`` to
             ``version + 1``; applied on load to checkpoints older than ``schema_version``.
+        notify: who to tell when a durable run pauses for a human: a shell command (gets
+            the JSON on stdin), an http(s) webhook URL, or a callable; default
+            ``$STASHPOINT_NOTIFY``. See :mod:`stashpoint.notify`.
+        checkpoint_interval: in a durable run, also checkpoint every this many seconds
+            while a single step runs (long steps), from a background thread.
         watch: keep an inotify watch on the workspace (Linux) so that each snapshot re-reads
             only the directories that changed instead of stat-ing every file; for long-running
             agents that checkpoint often. Falls back to scanning wherever it cannot vouch.
@@ -151,6 +158,8 @@ class Session:
         watch: bool = False,
         checkpoint_every: str | Iterable[str] | None = None,
         migrations: Mapping[int, Callable[[dict[str, Any]], dict[str, Any]]] | None = None,
+        notify: Notifier | None = None,
+        checkpoint_interval: float | None = None,
     ) -> None:
         if not name or "\0" in name:
             raise UsageError("a session needs a non-empty name")
@@ -185,8 +194,13 @@ class Session:
             migrations or {}
         )
         self._policy = _policy(checkpoint_every)
+        self.notify: Notifier | None = notify or os.environ.get("STASHPOINT_NOTIFY") or None
+        if checkpoint_interval is not None and checkpoint_interval <= 0:
+            raise UsageError("checkpoint_interval must be a positive number of seconds")
+        self.checkpoint_interval = checkpoint_interval
         self._durable: Durable | None = None
         self._run_record: Any = _INHERIT  # the branch's durable-run record, read on first use
+        self._write_lock = threading.RLock()
         self.complete_interrupted_restore()
 
     # -- checkouts: which branch a workspace follows --------------------------------------
@@ -379,6 +393,36 @@ class Session:
         the head instead of recording a duplicate (what agent hooks that fire after every tool
         call want).
         """
+        with self._write_lock:  # a timer thread may checkpoint during a long step
+            return self._checkpoint(
+                state,
+                message=message,
+                label=label,
+                kind=kind,
+                step=step,
+                meta=meta,
+                files=files,
+                progress=progress,
+                skip_unchanged=skip_unchanged,
+                status=status,
+                journal=journal,
+            )
+
+    def _checkpoint(
+        self,
+        state: Mapping[str, Any] | None = None,
+        *,
+        message: str | None = None,
+        label: str | None = None,
+        kind: str = "manual",
+        step: int | None = None,
+        meta: Mapping[str, Any] | None = None,
+        files: bool = True,
+        progress: Callable[[int, int], None] | None = None,
+        skip_unchanged: bool = False,
+        status: str | None = None,
+        journal: LogRef | None = _INHERIT,
+    ) -> Checkpoint:
         if kind not in KINDS:
             raise UsageError(f"unknown checkpoint kind {kind!r}; one of {', '.join(KINDS)}")
         ws_ref: WorkspaceRef | None = None
@@ -392,7 +436,7 @@ class Session:
                     f"left out {len(result.skipped)} path(s) that are neither file, directory "
                     f"nor symlink (sockets, FIFOs, devices): {shown}",
                     StashpointWarning,
-                    stacklevel=2,
+                    stacklevel=3,
                 )
             head = self.head
             if (
