@@ -1,0 +1,35 @@
+"""Adapters for agent frameworks, each behind its own optional extra.
+
+    stashpoint.integrations.openai_agents   pip install 'stashpoint[openai-agents]'
+    stashpoint.integrations.pydantic_ai     pip install 'stashpoint[pydantic-ai]'
+
+Nothing here is imported by ``import stashpoint``: a framework is loaded only by the adapter
+module that needs it, and a missing one fails on import with the install line to run.
+"""
+
+from __future__ import annotations
+
+import importlib
+from types import ModuleType
+
+from ..errors import StashpointError
+
+__all__ = ["MissingExtraError", "require"]
+
+
+class MissingExtraError(StashpointError, ImportError):
+    """An adapter's framework is not installed; the message names the extra to install.
+
+    An ``ImportError`` so that ``try: import ... except ImportError`` guards keep working, and
+    a ``StashpointError`` so the CLI maps it to exit code 1 with a readable line.
+    """
+
+
+def require(module: str, extra: str) -> ModuleType:
+    """Import ``module`` or raise :class:`MissingExtraError` naming ``extra``."""
+    try:
+        return importlib.import_module(module)
+    except ImportError as exc:
+        raise MissingExtraError(
+            f"this integration needs the {module!r} package: pip install 'stashpoint[{extra}]'"
+        ) from exc
