@@ -25,6 +25,13 @@ def _cp_json(session: Session, cp: Checkpoint, labels: dict[str, str] | None = N
     return checkpoint_json(cp, labels if labels is not None else session.labels())
 
 
+def _session_flag(session: Session) -> str:
+    """`` --session NAME`` when a printed command needs it to find the same session."""
+    import shlex
+
+    return "" if session.name == "main" else f" --session {shlex.quote(session.name)}"
+
+
 def _line(cp: Checkpoint, labels: dict[str, str], heads: dict[str, list[str]]) -> str:
     label = labels.get(cp.id) or cp.label
     parts = [
@@ -377,7 +384,7 @@ def rewind(ctx: Ctx, ref: str, files_only: bool, state_only: bool, compensate: b
         ctx,
         data,
         f"rewound to {short(result.target.id)} ({changed}); "
-        f"undo with: stashpoint rewind {result.safety.id}"
+        f"undo with: stashpoint{_session_flag(session)} rewind {result.safety.id}"
         + (
             f"\n{len(result.effects)} compensation(s) requested: they run when the agent "
             "resumes (stashpoint resume)"
