@@ -18,6 +18,7 @@ Entries (JSON objects; ``k`` is the kind, ``s`` the slot)::
     resolve   key, outcome=retry      a human said an in-doubt effect did not happen: run again
     request   n, fp, id, a            an approval-gated tool asks for a decision
     decision  id, fp, approved, why   the decision, appended by ``approve`` / ``reject``
+    cancel    id, why                 an edit withdrew the request: the call asks again
     plan      tasks                   the task list
     task      id, status, note        a task changed status
     done      ok, r                   the run's return value
@@ -391,7 +392,22 @@ class Journal:
         return start
 
     def slot(self, s: int) -> list[dict[str, Any]]:
-        return [self.entries[i] for i in self.by_slot.get(s, ())]
+        """The slot's entries since its last ``cancel`` (an operator's edit withdrew a pending
+        approval request: the call asks again, with whatever arguments it now has)."""
+        entries = [self.entries[i] for i in self.by_slot.get(s, ())]
+        for i in range(len(entries) - 1, -1, -1):
+            if entries[i].get("k") == "cancel":
+                return entries[i + 1 :]
+        return entries
+
+    def cancel_pending(self, why: str) -> Pending | None:
+        """Withdraw an unanswered approval request (its arguments may be stale now)."""
+        pending = self.pending()
+        if pending is None or pending.kind != "approval" or not self.live:
+            return None
+        s = int(self.entries[-1]["s"])
+        self.append({"k": "cancel", "s": s, "id": pending.id, "why": why})
+        return pending
 
     # -- derived views ----------------------------------------------------------------------
     def tasks(self, upto: int | None = None) -> list[Task]:

@@ -138,6 +138,8 @@ class Session:
             ``$STASHPOINT_NOTIFY``. See :mod:`stashpoint.notify`.
         checkpoint_interval: in a durable run, also checkpoint every this many seconds
             while a single step runs (long steps), from a background thread.
+        validators: functions that check a state an operator edited (:meth:`edit`): raise,
+            or return False or an error message, to refuse it.
         watch: keep an inotify watch on the workspace (Linux) so that each snapshot re-reads
             only the directories that changed instead of stat-ing every file; for long-running
             agents that checkpoint often. Falls back to scanning wherever it cannot vouch.
@@ -160,6 +162,7 @@ class Session:
         migrations: Mapping[int, Callable[[dict[str, Any]], dict[str, Any]]] | None = None,
         notify: Notifier | None = None,
         checkpoint_interval: float | None = None,
+        validators: Iterable[Callable[[dict[str, Any]], Any]] = (),
     ) -> None:
         if not name or "\0" in name:
             raise UsageError("a session needs a non-empty name")
@@ -198,6 +201,7 @@ class Session:
         if checkpoint_interval is not None and checkpoint_interval <= 0:
             raise UsageError("checkpoint_interval must be a positive number of seconds")
         self.checkpoint_interval = checkpoint_interval
+        self.validators: list[Callable[[dict[str, Any]], Any]] = list(validators)
         self._durable: Durable | None = None
         self._run_record: Any = _INHERIT  # the branch's durable-run record, read on first use
         self._write_lock = threading.RLock()
@@ -631,6 +635,99 @@ class Session:
         cp = self.get(ref)
         self.store.meta.set_label(cp.id, self.name, label)
         return cp
+
+    # -- operator edits (SPEC C22) ---------------------------------------------------------
+    def validator(self, fn: F) -> F:
+        """Decorator: register a state validator for :meth:`edit`."""
+        self.validators.append(fn)
+        return fn
+
+    def validate(self, state: dict[str, Any]) -> None:
+        """Run every validator; ValidationError naming the first that refuses."""
+        from .edit import ValidationError
+
+        for check in self.validators:
+            name = getattr(check, "__qualname__", repr(check))
+            try:
+                verdict = check(state)
+            except Exception as exc:
+                raise ValidationError(f"validator {name} refused the state: {exc}") from exc
+            if verdict is False or (isinstance(verdict, str) and verdict):
+                why = verdict if isinstance(verdict, str) else "it returned False"
+                raise ValidationError(f"validator {name} refused the state: {why}")
+
+    def edit(
+        self,
+        ref: str | Checkpoint | None = None,
+        *,
+        assign: Mapping[str, Any] | None = None,
+        patch: list[dict[str, Any]] | None = None,
+        state: Mapping[str, Any] | None = None,
+        reason: str | None = None,
+        by: str | None = None,
+        branch: str | None = None,
+    ) -> Checkpoint:
+        """Correct a checkpoint's state and save it as a new child checkpoint (kind ``edit``,
+        with who, when and why); the original stays as it was.
+
+        ``assign`` maps paths (``plan.budget`` or ``/plan/budget``) to new values (the CLI's
+        ``--set``), ``patch`` is a
+        JSON Patch, ``state`` replaces the state whole. Validators run first: a refused edit
+        saves nothing. Editing the head continues the branch (a durable run resumes from the
+        edit); editing an older checkpoint needs ``branch``, a new branch starting at the edit.
+        """
+        from .durable import _user
+        from .edit import apply_patch, set_path, split_path
+
+        target = self._as_checkpoint(ref)
+        if target is None:
+            raise NotFoundError(f"branch {self.branch!r} of session {self.name!r} is empty")
+        head = self.head
+        if branch is None and (head is None or head.id != target.id):
+            raise UsageError(
+                f"{target.id} is not the head of branch {self.branch!r}: to edit an older "
+                "checkpoint, name a new branch for the edit (branch=… / --branch NAME)"
+            )
+        new = dict(state) if state is not None else self.state(target)
+        changes: list[str] = []
+        for path, value in (assign or {}).items():
+            set_path(new, split_path(path), value)
+            changes.append(f"set {path}")
+        if patch is not None:
+            new = apply_patch(new, patch)
+            changes += [f"{op.get('op')} {op.get('path')}" for op in patch]
+        if state is not None:
+            changes.append("replaced the state")
+        self.validate(new)
+        meta: dict[str, dict[str, Any]] = {
+            "edit": {
+                "of": target.id,
+                "by": by or _user(),
+                "reason": reason,
+                "changes": changes,
+                "at": utc_now_iso(),
+            }
+        }
+        message = "edited: " + (reason or "; ".join(changes) or "no change")
+        if branch is None:
+            from .durable import Journal
+
+            withdrawn = Journal(self).cancel_pending(f"superseded by an edit: {message}")
+            if withdrawn is not None:  # approved arguments must come from the edited state
+                meta["edit"]["withdrew"] = withdrawn.to_dict()
+            return self.checkpoint(new, kind="edit", message=message, meta=meta, files=False)
+        if branch in self.branches():
+            raise UsageError(f"branch {branch!r} already exists in session {self.name!r}")
+        self.store.meta.set_head(self.name, branch, target.id, None)
+        other = Session(
+            self.store,
+            self.name,
+            branch=branch,
+            schema_version=self.schema_version,
+            conversation_key=self.conversation_key,
+        )
+        other.config_hash = self.config_hash
+        return other.checkpoint(new, kind="edit", message=message, meta=meta, files=False)
 
     # -- durable execution (see stashpoint.durable) -----------------------------------------
     @property

@@ -64,7 +64,7 @@ def cli(
 
 def _register() -> None:
     # Each module registers its commands on ``cli`` when imported.
-    from . import bundles, commands, durable, hooks, maintenance  # noqa: F401
+    from . import bundles, commands, durable, hooks, maintenance, operator  # noqa: F401
 
 
 _register()

@@ -1,0 +1,162 @@
+"""Operator tools: ``edit`` (correct a checkpoint's state, then resume from it)."""
+
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import shlex
+import subprocess
+import sys
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import click
+
+from . import cli
+from ._app import Ctx, emit, json_option, short
+
+pass_ctx = click.make_pass_decorator(Ctx)
+
+
+def _load_validators(specs: tuple[str, ...], root: Path) -> list[Callable[[dict[str, Any]], Any]]:
+    """Validators named on the command line or in the project's pyproject.toml
+    (``[tool.stashpoint] validators = ["pkg.module:function"]``) - configuration the project
+    owns, never names read from the store."""
+    names = list(specs)
+    pyproject = root / "pyproject.toml"
+    if pyproject.is_file() and sys.version_info >= (3, 11):
+        import tomllib
+
+        try:
+            config = tomllib.loads(pyproject.read_text())
+        except (OSError, ValueError) as exc:
+            raise click.ClickException(f"cannot read {pyproject}: {exc}") from None
+        names += list(config.get("tool", {}).get("stashpoint", {}).get("validators", []))
+    out = []
+    if names and str(root) not in sys.path:
+        sys.path.insert(0, str(root))  # the project's own modules, as `python -m` would
+    for spec in names:
+        module, _, attr = str(spec).partition(":")
+        if not module or not attr:
+            raise click.UsageError(f"a validator is module:function, got {spec!r}")
+        try:
+            fn = getattr(importlib.import_module(module), attr)
+        except (ImportError, AttributeError) as exc:
+            raise click.ClickException(f"cannot load validator {spec}: {exc}") from None
+        out.append(fn)
+    return out
+
+
+def _edit_in_editor(state: dict[str, Any]) -> dict[str, Any] | None:
+    """The state as JSON in $EDITOR; None when the file comes back unchanged."""
+    from ..serde import from_tree, to_tree
+
+    text = json.dumps(to_tree(state), indent=2, ensure_ascii=False) + "\n"
+    editor = os.environ.get("VISUAL") or os.environ.get("EDITOR") or "vi"
+    fd, name = tempfile.mkstemp(prefix="stashpoint-edit-", suffix=".json")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+        code = subprocess.call([*shlex.split(editor), name])
+        if code != 0:
+            raise click.ClickException(f"{editor} exited with status {code}; nothing saved")
+        edited = Path(name).read_text(encoding="utf-8")
+    finally:
+        os.unlink(name)
+    if edited == text:
+        return None
+    try:
+        return dict(from_tree(json.loads(edited)))
+    except ValueError as exc:
+        raise click.ClickException(f"the edited state is not valid JSON: {exc}") from None
+
+
+@cli.command()
+@click.argument("ref", required=False)
+@click.option(
+    "--set",
+    "assignments",
+    multiple=True,
+    metavar="PATH=VALUE",
+    help="Set a value (JSON, else a string); PATH like plan.budget or /plan/budget.",
+)
+@click.option(
+    "--patch",
+    "patch_file",
+    type=click.File("r"),
+    metavar="FILE",
+    help="Apply a JSON Patch (RFC 6902) from FILE ('-' for stdin).",
+)
+@click.option("--editor", is_flag=True, help="Edit the state as JSON in $EDITOR.")
+@click.option("--reason", "-r", help="Why (recorded with the edit).")
+@click.option("--by", help="Who edits (default: the current user).")
+@click.option("--branch", "-b", help="Put the edit on a new branch (needed unless REF is HEAD).")
+@click.option(
+    "--validator",
+    "validators",
+    multiple=True,
+    metavar="MODULE:FUNCTION",
+    help="A state validator to run first (also [tool.stashpoint] validators).",
+)
+@json_option
+@pass_ctx
+def edit(
+    ctx: Ctx,
+    ref: str | None,
+    assignments: tuple[str, ...],
+    patch_file: Any,
+    editor: bool,
+    reason: str | None,
+    by: str | None,
+    branch: str | None,
+    validators: tuple[str, ...],
+) -> None:
+    """Correct the state of checkpoint REF (default HEAD) and save it as a new child
+    checkpoint of kind `edit` (who, when, why recorded); the original is untouched. State
+    validators run first and a refused edit saves nothing. Then `stashpoint resume`.
+
+    \b
+    Example:
+      stashpoint edit --set plan.budget=100 --set 'plan.note="ask first"' -r "over budget"
+      stashpoint edit --patch fix.json -r "drop the bad tool result"
+      stashpoint diff HEAD~1 HEAD && stashpoint resume
+    """
+    from ..edit import parse_assignment
+
+    if not (assignments or patch_file or editor):
+        raise click.UsageError("say what to change: --set PATH=VALUE, --patch FILE or --editor")
+    session = ctx.session(files=False)
+    _url, root, _s, _b = ctx.locate()
+    session.validators.extend(_load_validators(validators, root))
+    assign: dict[str, Any] = {}
+    for text in assignments:
+        path, value = parse_assignment(text)
+        assign["/" + "/".join(p.replace("~", "~0").replace("/", "~1") for p in path)] = value
+    patch = None
+    if patch_file is not None:
+        try:
+            patch = json.load(patch_file)
+        except ValueError as exc:
+            raise click.UsageError(f"--patch: not JSON: {exc}") from None
+    state = None
+    if editor:
+        base = session.state(ref)
+        state = _edit_in_editor(base)
+        if state is None and not (assign or patch):
+            emit(ctx, {"created": False}, "no change; nothing saved")
+            return
+    cp = session.edit(
+        ref, assign=assign, patch=patch, state=state, reason=reason, by=by, branch=branch
+    )
+    from ..session import checkpoint_json
+
+    where = f" on new branch {branch!r}" if branch else ""
+    emit(
+        ctx,
+        checkpoint_json(cp, session.labels()),
+        f"saved edit {short(cp.id)}{where} ({cp.message}); see it: stashpoint diff "
+        f"{short(cp.parent)} {short(cp.id)}",
+    )
