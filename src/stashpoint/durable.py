@@ -305,6 +305,7 @@ class Journal:
             if ref is not None and rows and rows[-1][0] != ref.hash:
                 raise IntegrityError(f"journal log {ref.log} does not match checkpoint {head}")
         self.lock = threading.RLock()  # appends vs. a timer thread's checkpoint reading ref()
+        self.after_append: Callable[[dict[str, Any]], None] | None = None
         self.chains = [c for c, _ in rows]
         self.entries: list[dict[str, Any]] = [_unjson.decode(d) for _, d in rows]
         self.fresh = fresh
@@ -389,6 +390,8 @@ class Journal:
         self.entries.append(entry)
         self.chains.append(chain)
         self.by_slot.setdefault(int(entry.get("s", -1)), []).append(start)
+        if self.after_append is not None:
+            self.after_append(entry)
         return start
 
     def slot(self, s: int) -> list[dict[str, Any]]:
@@ -517,6 +520,48 @@ def common_prefix(a: Journal, ref: LogRef | None, session: Session) -> int:
     return min(len(rows), len(a.chains))
 
 
+class ChaosHooks:
+    """What ``stashpoint chaos`` asks of a run through the environment (SPEC C28):
+    ``STASHPOINT_CHAOS_LOG`` - append ``EXEC`` when a call's body starts, ``REC`` when its
+    result is journaled, ``APP`` per journal append (one line each, so the runner can tell a
+    body that ran again after its result was recorded); ``STASHPOINT_CHAOS_KILL_AT=N`` -
+    SIGKILL this process right after its N-th journal append (a crash at a step boundary)."""
+
+    def __init__(self, log: str | None, kill_at: int) -> None:
+        self.log, self.kill_at, self.appends = log, kill_at, 0
+
+    @classmethod
+    def from_env(cls) -> ChaosHooks | None:
+        log = os.environ.get("STASHPOINT_CHAOS_LOG") or None
+        kill_at = int(os.environ.get("STASHPOINT_CHAOS_KILL_AT") or 0)
+        if not (log or kill_at):
+            return None
+        hooks = cls(log, kill_at)
+        if log is not None and os.path.exists(log):  # appends count across resumed processes
+            with open(log, "rb") as f:
+                hooks.appends = sum(1 for line in f if line.startswith(b"APP "))
+        return hooks
+
+    def event(self, kind: str, slot: int, name: str) -> None:
+        if self.log is None:
+            return
+        fd = os.open(self.log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        try:
+            os.write(fd, f"{kind} {slot} {os.getpid()} {name}\n".encode())
+        finally:
+            os.close(fd)
+
+    def after_append(self, entry: dict[str, Any]) -> None:
+        if entry.get("k") in ("step", "effect"):
+            self.event("REC", int(entry["s"]), str(entry.get("n")))
+        self.event("APP", int(entry.get("s", -1)), str(entry.get("k")))
+        self.appends += 1
+        if self.kill_at and self.appends == self.kill_at:
+            import signal
+
+            os.kill(os.getpid(), signal.SIGKILL)
+
+
 # -- the engine -----------------------------------------------------------------------------
 class Durable:
     """Per-session durable-execution state: the registered steps and tools, the journal
@@ -534,6 +579,7 @@ class Durable:
         self.replayed = 0
         self.executed = 0
         self._depth = 0
+        self.chaos = ChaosHooks.from_env()
 
     # -- run lifecycle ----------------------------------------------------------------------
     def begin(self, *, fresh: bool = False) -> Journal:
@@ -552,6 +598,8 @@ class Durable:
                 stacklevel=4,
             )
         j.start()
+        if self.chaos is not None:
+            j.after_append = self.chaos.after_append
         self.journal, self._slot, self.replayed, self.executed = j, 0, 0, 0
         self.run_pending_compensations()
         return j
@@ -623,7 +671,7 @@ class Durable:
                     return done()
                 for attempt in range(retries + 1):
                     try:
-                        with self._body(step_name):
+                        with self._body(step_name, s):
                             value = await fn(*args, **kwargs)
                     except Exception as exc:
                         if attempt < retries:
@@ -644,7 +692,7 @@ class Durable:
                 return done()
             for attempt in range(retries + 1):
                 try:
-                    with self._body(step_name):
+                    with self._body(step_name, s):
                         value = fn(*args, **kwargs)
                 except Exception as exc:
                     if attempt < retries:
@@ -658,9 +706,11 @@ class Durable:
         return step
 
     @contextmanager
-    def _body(self, name: str) -> Iterator[None]:
+    def _body(self, name: str, slot: int) -> Iterator[None]:
         """Around a step body: nesting depth (no policy checkpoints inside a step), and with
         ``checkpoint_interval`` a timer thread checkpointing while a long body runs."""
+        if self.chaos is not None:
+            self.chaos.event("EXEC", slot, name)
         self._depth += 1
         interval = self.session.checkpoint_interval
         stop = threading.Event()
@@ -883,6 +933,8 @@ class Durable:
         intent = {"k": "intent", "s": s, "n": spec.name, "fp": fp, "key": key, "a": a}
         intent["t"] = utc_now_iso()
         self._journal().append(intent)
+        if self.chaos is not None:
+            self.chaos.event("EXEC", s, spec.name)
 
     def _effect_end(
         self,

@@ -1,4 +1,5 @@
-"""Operator tools: ``edit`` (correct a checkpoint's state, then resume from it)."""
+"""Operator tools: ``edit`` (correct a checkpoint's state, then resume from it) and
+``chaos`` (kill an agent at every step boundary and at random instants; check it recovers)."""
 
 from __future__ import annotations
 
@@ -160,3 +161,67 @@ def edit(
         f"saved edit {short(cp.id)}{where} ({cp.message}); see it: stashpoint diff "
         f"{short(cp.parent)} {short(cp.id)}",
     )
+
+
+@cli.command(context_settings={"ignore_unknown_options": True})
+@click.option("--random", "random_runs", default=5, show_default=True, help="Random-instant kills.")
+@click.option(
+    "--boundaries/--no-boundaries",
+    default=True,
+    show_default=True,
+    help="Kill right after each journal append (every step boundary).",
+)
+@click.option("--max-boundaries", default=50, show_default=True, help="Sample at most this many.")
+@click.option("--approve", is_flag=True, help="Approve what a paused run asks, to go on.")
+@click.option("--seed", type=int, help="Seed for the random instants (reproducible runs).")
+@click.option("--timeout", default=300.0, show_default=True, help="Seconds per agent run.")
+@click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
+@json_option
+@pass_ctx
+def chaos(
+    ctx: Ctx,
+    random_runs: int,
+    boundaries: bool,
+    max_boundaries: int,
+    approve: bool,
+    seed: int | None,
+    timeout: float,
+    command: tuple[str, ...],
+) -> None:
+    """Test that an agent recovers: run COMMAND in fresh copies of this directory, kill it
+    (SIGKILL) after each step boundary and at random instants, resume it until it finishes,
+    and report per run whether it reached an uninterrupted run's output with no step body
+    executed again after its result was journaled. Exit 1 if any run did not.
+
+    \b
+    Example:
+      stashpoint --session job chaos --approve --random 10 -- python agent.py
+    """
+    from ..chaos import ChaosRun, run_chaos
+
+    source = Path(ctx.workspace or ".").resolve()
+
+    def show(r: ChaosRun) -> None:
+        if ctx.json:
+            return
+        mark = click.style("ok  ", fg="green") if r.ok else click.style("FAIL", fg="red")
+        extra = f", {r.approvals} approval(s)" if r.approvals else ""
+        extra += f", {r.in_doubt} in-doubt effect(s) retried" if r.in_doubt else ""
+        why = f"  {r.error or ''}{' ran twice: ' + ', '.join(r.ran_twice) if r.ran_twice else ''}"
+        click.echo(f"  {mark} {r.scenario:<18} {r.attempts} run(s){extra}{why.rstrip()}")
+
+    report = run_chaos(
+        list(command),
+        source=source,
+        session=ctx.session_name or "main",
+        boundaries=boundaries,
+        max_boundaries=max_boundaries,
+        random_runs=random_runs,
+        seed=seed,
+        approve=approve,
+        timeout=timeout,
+        progress=show,
+    )
+    emit(ctx, report.to_dict(), report.summary())
+    if not report.ok:
+        raise click.exceptions.Exit(1)
