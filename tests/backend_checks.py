@@ -55,3 +55,51 @@ def check_concurrent_writers(url: str, procs: int = 4, per: int = 20) -> None:
     assert len(history) == procs * per
     parents = [c.parent for c in history if c.parent]
     assert len(parents) == len(set(parents)) == procs * per - 1
+
+
+class _Crash(BaseException):
+    pass
+
+
+def check_durable_run_resumes(url: str) -> None:
+    """A durable run journals into the shared store: after a crash a new process-like session
+    replays recorded steps, asks for approval, and the ledger holds each effect once."""
+    ran: list[str] = []
+
+    def program(run: stashpoint.Session, crash: bool) -> object:
+        @run.step(name="fetch")
+        def fetch(i: int) -> int:
+            ran.append(f"fetch{i}")
+            if crash and i == 2:
+                raise _Crash
+            return i * 10
+
+        @run.tool(name="pay", irreversible=True, approval=True)
+        def pay(total: int) -> str:
+            ran.append("pay")
+            return f"paid {total}"
+
+        def main() -> str:
+            run.plan(["fetch", "pay"])
+            with run.task("fetch"):
+                total = sum(fetch(i) for i in range(3))
+            with run.task("pay"):
+                return str(pay(total))
+
+        return main
+
+    with stashpoint.open(url) as store:
+        first = store.session("durable")
+        try:
+            first.run(program(first, True))
+        except _Crash:
+            pass
+        second = store.session("durable")
+        assert second.run(program(second, False)).status == "awaiting_approval"
+        store.session("durable").approve(reason="backend check")
+        third = store.session("durable")
+        assert third.run(program(third, False)).value == "paid 30"
+        assert ran == ["fetch0", "fetch1", "fetch2", "fetch2", "pay"]
+        assert [t.status for t in third.tasks()] == ["completed", "completed"]
+        assert [e.tool for e in third.effects()] == ["pay"]
+        assert verify_store(store).ok
