@@ -252,9 +252,20 @@ def show(ctx: Ctx, ref: str, list_files: bool) -> None:
         emit(ctx, data)
         return
     click.echo(f"checkpoint {click.style(cp.id, fg='yellow')}")
-    for key in ("session", "branch", "parent", "step", "kind", "label", "message", "created_at"):
+    keys = ("session", "branch", "parent", "step", "kind", "status", "label", "message")
+    for key in (*keys, "created_at"):
         if data.get(key) is not None:
             click.echo(f"  {key:<14} {data[key]}")
+    if cp.journal is not None:
+        from ..durable import tasks_at
+
+        tasks = tasks_at(session, cp)
+        done = sum(1 for t in tasks if t.status in ("completed", "skipped"))
+        what = f", tasks {done}/{len(tasks)} done" if tasks else ""
+        click.echo(f"  {'journal':<14} {cp.journal.length} entries{what}")
+    for key in ("approval", "in_doubt", "decision", "edit"):
+        if key in cp.meta:
+            click.echo(f"  {key:<14} {cp.meta[key]}"[:300])
     click.echo(f"  {'digest':<14} {cp.digest}")
     click.echo(f"  {'durability':<14} {data['durability']}")
     click.echo(
