@@ -18,6 +18,8 @@ from typing import TYPE_CHECKING, Any
 __version__ = "0.1.0"
 
 _EXPORTS = {
+    "AsyncSession": "stashpoint.aio",
+    "AsyncStore": "stashpoint.aio",
     "Checkpoint": "stashpoint.model",
     "CheckpointDiff": "stashpoint.session",
     "ConflictError": "stashpoint.errors",
@@ -42,10 +44,13 @@ _EXPORTS = {
     "UsageError": "stashpoint.errors",
     "current_effect_key": "stashpoint.durable",
     "open": "stashpoint._store",
+    "open_async": "stashpoint.aio",
     "register_type": "stashpoint.serde",
 }
 
 __all__ = [
+    "AsyncSession",
+    "AsyncStore",
     "Checkpoint",
     "CheckpointDiff",
     "ConflictError",
@@ -71,12 +76,14 @@ __all__ = [
     "__version__",
     "current_effect_key",
     "open",
+    "open_async",
     "register_type",
 ]
 
 if TYPE_CHECKING:
     from ._store import Store
     from ._store import open_store as open
+    from .aio import AsyncSession, AsyncStore, open_async
     from .durable import (
         DivergenceError,
         Effect,

@@ -1,0 +1,516 @@
+"""The async API: the same names as the sync one, for code that runs on an event loop.
+
+    import stashpoint.aio
+
+    async with await stashpoint.aio.open("state/") as store:
+        run = await store.session("ticket-42", workspace="repo/")
+        cp = await run.checkpoint({"messages": msgs}, message="before migration")
+        await run.rewind(cp.id)
+
+Agent frameworks (LangGraph's async savers, the OpenAI Agents SDK, FastAPI services) call from
+an event loop, and a checkpoint does blocking I/O: an SQLite fsync, a workspace scan, network
+round trips to PostgreSQL or Redis. Called inline, a 20 MB first snapshot would freeze every
+other coroutine of the process for a third of a second.
+
+**One implementation.** :class:`AsyncSession` wraps a sync :class:`~stashpoint.Session` and
+runs each blocking call in a worker thread; it has no logic of its own beyond the thread hop,
+so the sync and async faces cannot drift apart in behaviour, only in the list of names (a test
+compares the signatures).
+
+**Threads: one ordered queue per session, one pool per store.** A ``Session`` keeps caches
+(its head, the conversation as last checkpointed, log tips) and is not built for concurrent
+calls from several threads; and callers expect ``await a(); await b()`` and also
+``gather(a(), b())`` on one session to happen in the order they were made. So each
+``AsyncSession`` runs its calls one at a time, first in first out, on the threads of a pool
+owned by its ``AsyncStore``. The alternatives lose something:
+
+- ``asyncio.to_thread`` per call: concurrent calls on one session would race for its caches
+  and commit in arbitrary order (the head compare-and-set keeps the chain linear, but
+  "checkpoint 3" could land before "checkpoint 2").
+- one thread per store: every session of a service waits behind the slowest; a 20 MB snapshot
+  of one agent would stall every other agent's 0.3 ms state checkpoint.
+- one thread per session: a parked thread for every idle session of a long-lived service.
+
+The queue does not hold a thread while it is empty, and after each call it yields its thread
+back to the pool, so a busy session cannot starve the others. Different sessions do run in
+parallel; with SQLite their metadata commits still take turns on the store's one connection
+(its lock), so what overlaps is the scanning, hashing and compressing, which is most of a
+snapshot. Calls run in a copy of the caller's :mod:`contextvars` context, as with
+``asyncio.to_thread``.
+
+**Cancellation never interrupts a write.** Cancelling (or timing out) the task that awaits a
+call has one of two outcomes: if the call had not started (it was queued behind earlier calls
+on the same session), it never runs; if it had started, it runs to completion in its thread
+and only its result is dropped. A cancelled ``checkpoint`` may therefore still be recorded;
+each commit is atomic anyway (SPEC C1), so there is never a half-written checkpoint. Later
+calls on the session queue behind it and see its effect.
+
+**Durable programs run on the loop; their journal appends stay inline.**
+:meth:`AsyncSession.arun` awaits :meth:`Session.arun` on the event loop (the program's
+coroutines must run there), after every call made before it on the session has finished.
+Durable steps and tools (``@run.step``, ``@run.tool``, ``run.plan``, ``run.task``) are the
+sync session's: each appends its journal entry synchronously, on the loop's thread, before the
+step returns. Why not offload the append: the step wrappers live in :mod:`stashpoint.durable`
+and record right after the body; moving the append to a thread from here would mean a second
+copy of those wrappers (slots, replay, divergence, ledger), and a sync step, which cannot
+``await``, has to record inline anyway. The cost is one fsynced row per step: about 0.3 ms on
+a local SSD (SPEC section 4), but one fsync of the disk, which is 4 ms on some virtual disks.
+A workspace snapshot is the larger risk: a policy checkpoint (``checkpoint_every="step"`` with
+a ``workspace``) scans the files inline. In async programs with large workspaces use
+``checkpoint_every=None`` or ``"task"``, and ``await run.checkpoint(...)`` where a snapshot is
+wanted: it runs in the session's queue and records the live journal position like any other.
+Do not rewind or fork a session while its durable program runs (as in sync code).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextvars
+import functools
+import os
+import threading
+from collections.abc import Awaitable, Callable, Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import AbstractContextManager
+from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec, TypeVar, cast, overload
+
+from ._store import Store, open_store
+from .errors import UsageError
+
+if TYPE_CHECKING:
+    from types import TracebackType
+
+    from .durable import Effect, Pending, RunResult, Task
+    from .model import Checkpoint
+    from .session import CheckpointDiff, RewindResult, Session
+
+__all__ = ["AsyncSession", "AsyncStore", "open", "open_async"]
+
+P = ParamSpec("P")
+T = TypeVar("T")
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def _closed() -> UsageError:
+    return UsageError("the store is closed")
+
+
+class _SerialQueue:
+    """Runs calls one at a time, in submission order, on a shared pool's threads.
+
+    Loop-independent and thread-safe: a plain :class:`concurrent.futures.Future` per call,
+    so cancelling one that has not started (``Future.cancel``) makes the queue skip it, and
+    one that has started cannot be cancelled at all.
+    """
+
+    def __init__(self, pool: ThreadPoolExecutor) -> None:
+        self._pool = pool
+        self._lock = threading.Lock()
+        self._queue: collections.deque[tuple[Callable[[], Any], Future[Any]]] = collections.deque()
+        self._draining = False
+
+    def submit(self, fn: Callable[[], T]) -> Future[T]:
+        fut: Future[T] = Future()
+        with self._lock:
+            self._queue.append((fn, fut))
+            if self._draining:
+                return fut
+            self._draining = True
+        try:
+            self._pool.submit(self._drain)
+        except RuntimeError:  # the pool is shut down: the store was closed
+            with self._lock:
+                failed = list(self._queue)
+                self._queue.clear()
+                self._draining = False
+            for _, f in failed:
+                if f.set_running_or_notify_cancel():
+                    f.set_exception(_closed())
+        return fut
+
+    def _drain(self) -> None:
+        while True:
+            with self._lock:
+                if not self._queue:
+                    self._draining = False
+                    return
+                fn, fut = self._queue.popleft()
+            if fut.set_running_or_notify_cancel():  # False: cancelled before it started
+                try:
+                    result = fn()
+                except BaseException as exc:
+                    fut.set_exception(exc)
+                else:
+                    fut.set_result(result)
+            with self._lock:
+                if not self._queue:
+                    self._draining = False
+                    return
+            try:  # give the thread back, so that a busy session cannot starve the others
+                self._pool.submit(self._drain)
+                return
+            except RuntimeError:  # closing: finish this session's queue here
+                continue
+
+
+def _bind(fn: Callable[P, T], /, *args: P.args, **kwargs: P.kwargs) -> Callable[[], T]:
+    """``fn(*args, **kwargs)`` as a no-argument call, run in a copy of the caller's context."""
+    ctx = contextvars.copy_context()
+    return functools.partial(ctx.run, fn, *args, **kwargs)
+
+
+class AsyncStore:
+    """A :class:`~stashpoint.Store` for asyncio code: the same methods, awaited.
+
+    Owns the thread pool its sessions' calls run on (``max_workers`` threads; default
+    ``ThreadPoolExecutor``'s). ``AsyncStore(store)`` wraps a store opened synchronously,
+    e.g. with options :func:`open` does not forward.
+    """
+
+    def __init__(self, store: Store, *, max_workers: int | None = None) -> None:
+        self.sync = store
+        """The wrapped sync store (its methods block: call them with :meth:`run_sync`)."""
+        self._pool = ThreadPoolExecutor(max_workers, thread_name_prefix="stashpoint-aio")
+        self._closed = False
+
+    @property
+    def url(self) -> str:
+        return self.sync.url
+
+    @property
+    def id(self) -> str:
+        return self.sync.id
+
+    async def _in_pool(self, fn: Callable[P, T], /, *args: P.args, **kwargs: P.kwargs) -> T:
+        if self._closed:
+            raise _closed()
+        try:
+            fut = self._pool.submit(_bind(fn, *args, **kwargs))
+        except RuntimeError:
+            raise _closed() from None
+        return await asyncio.wrap_future(fut)
+
+    async def session(self, name: str = "main", **kwargs: Any) -> AsyncSession:
+        """Open (or start) a session; the options are :class:`~stashpoint.Session`'s.
+
+        A coroutine because opening does I/O: it reads which branch the workspace follows
+        and completes a rewind that a crash interrupted.
+        """
+        sync = await self._in_pool(self.sync.session, name, **kwargs)
+        return AsyncSession(sync, self)
+
+    async def sessions(self) -> list[str]:
+        return await self._in_pool(self.sync.sessions)
+
+    async def run_sync(
+        self, fn: Callable[Concatenate[Store, P], T], /, *args: P.args, **kwargs: P.kwargs
+    ) -> T:
+        """``fn(store, *args, **kwargs)`` in a worker thread, for what has no async name,
+        e.g. ``await astore.run_sync(stashpoint.verify.verify_store)``."""
+        return await self._in_pool(fn, self.sync, *args, **kwargs)
+
+    async def close(self) -> None:
+        """Wait for every call already made on this store's sessions, then close the store.
+
+        Calls made afterwards raise :class:`~stashpoint.UsageError`.
+        """
+        if self._closed:
+            return
+        self._closed = True
+
+        def finish() -> None:
+            self._pool.shutdown(wait=True)
+            self.sync.close()
+
+        await asyncio.shield(asyncio.get_running_loop().run_in_executor(None, finish))
+
+    async def __aenter__(self) -> AsyncStore:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.close()
+
+
+async def open(
+    url: str | os.PathLike[str] | None = None,
+    *,
+    key: bytes | None = None,
+    max_workers: int | None = None,
+) -> AsyncStore:
+    """Open a store by URL or path (see :func:`stashpoint.open`) without blocking the loop.
+
+    ``async with await stashpoint.aio.open(url) as store:`` closes it at the end.
+    """
+    loop = asyncio.get_running_loop()
+    fut = loop.run_in_executor(None, functools.partial(open_store, url, key=key))
+    try:
+        store = await asyncio.shield(fut)
+    except asyncio.CancelledError:
+        fut.add_done_callback(_close_orphan)  # opened for a caller that is gone
+        raise
+    return AsyncStore(store, max_workers=max_workers)
+
+
+def _close_orphan(fut: asyncio.Future[Store]) -> None:
+    if not fut.cancelled() and fut.exception() is None:
+        fut.result().close()
+
+
+open_async = open
+"""``stashpoint.open_async``: :func:`open` under a name that reads well at the top level."""
+
+
+class AsyncSession:
+    """A :class:`~stashpoint.Session` for asyncio code: the same method names, awaited.
+
+    Every method that does I/O is a coroutine that runs the sync method in this session's
+    ordered queue (see the module docstring): calls on one session happen one at a time, in
+    the order they were made. The head is ``await run.get_head()`` (the sync ``head`` is a
+    property that may read the store, and an awaitable property is a trap). Durable
+    decorators (:meth:`step`, :meth:`tool`) and the task helpers are the sync session's,
+    used inside a program run by :meth:`arun`.
+    """
+
+    def __init__(self, session: Session, store: AsyncStore) -> None:
+        self.sync = session
+        """The wrapped sync session (its methods block: call them with :meth:`run_sync`)."""
+        self.store = store
+        self._queue = _SerialQueue(store._pool)
+
+    def __repr__(self) -> str:
+        return f"<AsyncSession {self.name!r} branch {self.branch!r}>"
+
+    @property
+    def name(self) -> str:
+        return self.sync.name
+
+    @property
+    def branch(self) -> str:
+        return self.sync.branch
+
+    async def _call(self, fn: Callable[P, T], /, *args: P.args, **kwargs: P.kwargs) -> T:
+        if self.store._closed:
+            raise _closed()
+        return await asyncio.wrap_future(self._queue.submit(_bind(fn, *args, **kwargs)))
+
+    async def run_sync(
+        self, fn: Callable[Concatenate[Session, P], T], /, *args: P.args, **kwargs: P.kwargs
+    ) -> T:
+        """``fn(session, *args, **kwargs)`` in this session's queue, for what has no async
+        name: ``await run.run_sync(stashpoint.Session.remaining_tasks)``."""
+        return await self._call(fn, self.sync, *args, **kwargs)
+
+    # -- reading --------------------------------------------------------------------------
+    async def get_head(self) -> Checkpoint | None:
+        """The branch head (verified), or None for a branch with no checkpoint yet."""
+        return await self._call(lambda: self.sync.head)
+
+    async def resolve(self, ref: str) -> str:
+        """Full id from an id, unique prefix, label, ``HEAD`` or ``HEAD~N``."""
+        return await self._call(self.sync.resolve, ref)
+
+    async def get(self, ref: str) -> Checkpoint:
+        return await self._call(self.sync.get, ref)
+
+    async def history(self, *, limit: int | None = None) -> list[Checkpoint]:
+        """All checkpoints of the session, newest first, each verified with its chain link."""
+        return await self._call(self.sync.history, limit=limit)
+
+    async def labels(self) -> dict[str, str]:
+        return await self._call(self.sync.labels)
+
+    async def branches(self) -> dict[str, str]:
+        return await self._call(self.sync.branches)
+
+    async def state(self, ref: str | Checkpoint | None = None) -> dict[str, Any]:
+        """The full state of a checkpoint (default: the head), decoded and verified."""
+        return await self._call(self.sync.state, ref)
+
+    async def diff(self, a: str | Checkpoint, b: str | Checkpoint) -> CheckpointDiff:
+        return await self._call(self.sync.diff, a, b)
+
+    # -- writing --------------------------------------------------------------------------
+    async def checkpoint(
+        self,
+        state: Mapping[str, Any] | None = None,
+        *,
+        message: str | None = None,
+        label: str | None = None,
+        kind: str = "manual",
+        step: int | None = None,
+        meta: Mapping[str, Any] | None = None,
+        files: bool = True,
+        progress: Callable[[int, int], None] | None = None,
+        skip_unchanged: bool = False,
+        status: str | None = None,
+    ) -> Checkpoint:
+        """Record a checkpoint of ``state`` and the workspace, atomically (see
+        :meth:`Session.checkpoint`).
+
+        ``state`` is encoded in the worker thread: do not mutate it until the call returns.
+        ``progress`` is called from the worker thread (use ``loop.call_soon_threadsafe`` to
+        reach the loop). Cancelled after it started, the checkpoint still completes.
+        """
+        return await self._call(
+            self.sync.checkpoint,
+            state,
+            message=message,
+            label=label,
+            kind=kind,
+            step=step,
+            meta=meta,
+            files=files,
+            progress=progress,
+            skip_unchanged=skip_unchanged,
+            status=status,
+        )
+
+    async def label(self, ref: str, label: str | None) -> Checkpoint:
+        return await self._call(self.sync.label, ref, label)
+
+    async def rewind(
+        self, ref: str, *, files: bool = True, state: bool = True, compensate: bool = False
+    ) -> RewindResult:
+        """Go back to a checkpoint: files, state, or both (see :meth:`Session.rewind`);
+        compensations it runs run in the worker thread."""
+        return await self._call(
+            self.sync.rewind, ref, files=files, state=state, compensate=compensate
+        )
+
+    async def fork(
+        self,
+        ref: str,
+        branch: str | None = None,
+        *,
+        into: str | os.PathLike[str] | None = None,
+    ) -> AsyncSession:
+        """A new branch starting at a checkpoint (see :meth:`Session.fork`).
+
+        Without ``into`` this session switches to the new branch and is returned; with it,
+        the new directory's session, with its own queue (it runs in parallel with this one).
+        """
+        other = await self._call(self.sync.fork, ref, branch, into=into)
+        return self if other is self.sync else AsyncSession(other, self.store)
+
+    # -- durable execution ----------------------------------------------------------------
+    async def arun(
+        self, fn: Callable[..., Awaitable[Any]], *args: Any, fresh: bool = False, **kwargs: Any
+    ) -> RunResult:
+        """Run (or resume) the async program ``fn`` as a durable program, on the event loop
+        (see :meth:`Session.arun`), once every call made before on this session is done.
+
+        Journal appends of its steps are inline (see the module docstring).
+        """
+        await self._call(_nothing)
+        return await self.sync.arun(fn, *args, fresh=fresh, **kwargs)
+
+    async def tasks(self, ref: str | Checkpoint | None = None) -> list[Task]:
+        """Task statuses: as of the running program's position, or of a checkpoint."""
+        return await self._call(self.sync.tasks, ref)
+
+    async def effects(self, since: str | Checkpoint | None = None) -> list[Effect]:
+        """The side-effect ledger of the branch's journal (after checkpoint ``since``)."""
+        return await self._call(self.sync.effects, since)
+
+    async def pending(self) -> Pending | None:
+        """The decision the branch's run waits for, if any."""
+        return await self._call(self.sync.pending)
+
+    async def approve(
+        self,
+        ident: str | None = None,
+        *,
+        reason: str | None = None,
+        by: str | None = None,
+        done: bool = False,
+        result: Any = None,
+    ) -> Checkpoint:
+        """Approve what the run waits for (see :meth:`Session.approve`)."""
+        return await self._call(
+            self.sync.approve, ident, reason=reason, by=by, done=done, result=result
+        )
+
+    async def reject(
+        self, ident: str | None = None, *, reason: str | None = None, by: str | None = None
+    ) -> Checkpoint:
+        """Reject it: the resumed run's call raises :class:`~stashpoint.ToolRejected`."""
+        return await self._call(self.sync.reject, ident, reason=reason, by=by)
+
+    # The decorators and task helpers below are used inside a running program: they are the
+    # sync session's, and journal inline (see the module docstring).
+    @overload
+    def step(self, fn: F, /) -> F: ...
+
+    @overload
+    def step(
+        self, fn: None = None, /, *, name: str | None = None, retries: int = 0, backoff: float = 0.5
+    ) -> Callable[[F], F]: ...
+
+    def step(
+        self,
+        fn: F | None = None,
+        /,
+        *,
+        name: str | None = None,
+        retries: int = 0,
+        backoff: float = 0.5,
+    ) -> F | Callable[[F], F]:
+        """Decorator: a durable step (see :meth:`Session.step`); sync or async functions."""
+        wrap: Callable[[F], F] = self.sync.step(name=name, retries=retries, backoff=backoff)
+        return wrap if fn is None else wrap(fn)
+
+    @overload
+    def tool(self, fn: F, /) -> F: ...
+
+    @overload
+    def tool(
+        self,
+        fn: None = None,
+        /,
+        *,
+        name: str | None = None,
+        irreversible: bool = False,
+        approval: bool = False,
+        compensate: Callable[..., Any] | None = None,
+    ) -> Callable[[F], F]: ...
+
+    def tool(
+        self,
+        fn: F | None = None,
+        /,
+        *,
+        name: str | None = None,
+        irreversible: bool = False,
+        approval: bool = False,
+        compensate: Callable[..., Any] | None = None,
+    ) -> F | Callable[[F], F]:
+        """Decorator: a durable tool call (see :meth:`Session.tool`)."""
+        wrap: Callable[[F], F] = self.sync.tool(
+            name=name, irreversible=irreversible, approval=approval, compensate=compensate
+        )
+        return wrap if fn is None else wrap(fn)
+
+    def plan(self, tasks: Any) -> list[Task]:
+        """Declare the task list (see :meth:`Session.plan`); journaled inline."""
+        return self.sync.plan(tasks)
+
+    def task(self, task_id: str) -> AbstractContextManager[None]:
+        """``with run.task(id):`` (see :meth:`Session.task`); journaled inline."""
+        return cast("AbstractContextManager[None]", self.sync.task(task_id))
+
+    def set_task(self, task_id: str, status: str, note: str | None = None) -> None:
+        self.sync.set_task(task_id, status, note)
+
+    def track(self, provider: Callable[[], Mapping[str, Any]]) -> Callable[[], Mapping[str, Any]]:
+        """Register what automatic checkpoints of a durable run record as state."""
+        return self.sync.track(provider)
+
+
+def _nothing() -> None:
+    """A no-op through a session's queue: returns once every earlier call has finished."""
