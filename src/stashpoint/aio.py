@@ -45,20 +45,13 @@ and only its result is dropped. A cancelled ``checkpoint`` may therefore still b
 each commit is atomic anyway (SPEC C1), so there is never a half-written checkpoint. Later
 calls on the session queue behind it and see its effect.
 
-**Durable programs run on the loop; their journal appends stay inline.**
-:meth:`AsyncSession.arun` awaits :meth:`Session.arun` on the event loop (the program's
-coroutines must run there), after every call made before it on the session has finished.
-Durable steps and tools (``@run.step``, ``@run.tool``, ``run.plan``, ``run.task``) are the
-sync session's: each appends its journal entry synchronously, on the loop's thread, before the
-step returns. Why not offload the append: the step wrappers live in :mod:`stashpoint.durable`
-and record right after the body; moving the append to a thread from here would mean a second
-copy of those wrappers (slots, replay, divergence, ledger), and a sync step, which cannot
-``await``, has to record inline anyway. The cost is one fsynced row per step: about 0.3 ms on
-a local SSD (SPEC section 4), but one fsync of the disk, which is 4 ms on some virtual disks.
-A workspace snapshot is the larger risk: a policy checkpoint (``checkpoint_every="step"`` with
-a ``workspace``) scans the files inline. In async programs with large workspaces use
-``checkpoint_every=None`` or ``"task"``, and ``await run.checkpoint(...)`` where a snapshot is
-wanted: it runs in the session's queue and records the live journal position like any other.
+**Durable programs run on the loop; their journal I/O does not.** :meth:`AsyncSession.arun`
+awaits :meth:`Session.arun` on the event loop (the program's coroutines must run there), after
+every call made before it on the session has finished. An async durable step takes its slot
+on the loop (so call order is kept under ``asyncio.gather``), runs its body there, and awaits
+its fsynced journal append in this session's queue (the engine's ``offload`` hook): other
+coroutines keep running during the disk flush. A *sync* step inside an async program cannot
+await, so it appends inline. Policy checkpoints of async steps run in the queue too.
 Do not rewind or fork a session while its durable program runs (as in sync code).
 """
 
@@ -282,6 +275,8 @@ class AsyncSession:
         """The wrapped sync session (its methods block: call them with :meth:`run_sync`)."""
         self.store = store
         self._queue = _SerialQueue(store._pool)
+        # Durable async steps journal through this session's queue, off the loop, in order.
+        session.durable.offload = lambda call: asyncio.wrap_future(self._queue.submit(call))
 
     def __repr__(self) -> str:
         return f"<AsyncSession {self.name!r} branch {self.branch!r}>"

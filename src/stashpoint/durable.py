@@ -45,7 +45,7 @@ import time
 from collections.abc import Awaitable, Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal, TypeVar
+from typing import TYPE_CHECKING, Any, Literal, TypeVar, cast
 
 import msgspec
 
@@ -73,6 +73,7 @@ __all__ = [
 ]
 
 F = TypeVar("F", bound=Callable[..., Any])
+T = TypeVar("T")
 
 TASK_STATUSES = ("pending", "in_progress", "completed", "failed", "skipped")
 _DONE_TASK = ("completed", "skipped")
@@ -580,6 +581,9 @@ class Durable:
         self.executed = 0
         self._depth = 0
         self.chaos = ChaosHooks.from_env()
+        self.offload: Callable[[Callable[[], Any]], Awaitable[Any]] | None = None
+        """How async steps run their journal I/O off the event loop (default: a worker
+        thread; :class:`stashpoint.aio.AsyncSession` puts it in its session queue)."""
 
     # -- run lifecycle ----------------------------------------------------------------------
     def begin(self, *, fresh: bool = False) -> Journal:
@@ -606,6 +610,14 @@ class Durable:
 
     def end(self) -> None:
         self.journal = None
+
+    async def _off(self, fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> T:
+        """``fn(*args, **kwargs)`` off the event loop: the fsynced journal append of an async
+        step must not stall every other coroutine for the length of a disk flush."""
+        call = functools.partial(fn, *args, **kwargs)
+        if self.offload is not None:
+            return cast(T, await self.offload(call))
+        return await asyncio.to_thread(call)
 
     def _journal(self) -> Journal:
         if self.journal is None:
@@ -677,9 +689,9 @@ class Durable:
                         if attempt < retries:
                             await asyncio.sleep(backoff * 2**attempt)
                             continue
-                        self._record_step(s, step_name, fp, error=exc)
+                        await self._off(self._record_step, s, step_name, fp, error=exc)
                         raise
-                    return self._record_step(s, step_name, fp, value=value)
+                    return await self._off(self._record_step, s, step_name, fp, value=value)
                 raise AssertionError("unreachable")  # pragma: no cover
 
             return astep
@@ -784,31 +796,33 @@ class Durable:
             @functools.wraps(fn)
             async def atool(*args: Any, **kwargs: Any) -> Any:
                 if spec.approval:
-                    self._gate(spec, args, kwargs)
+                    s = self._next_slot()  # slots are taken on the loop, in call order
+                    await self._off(self._gate, spec, s, args, kwargs)
                 if as_step is not None:
                     return await as_step(*args, **kwargs)
-                slot, key, settled = self._effect_begin(spec, args, kwargs)
+                s = self._next_slot()
+                slot, key, settled = await self._off(self._effect_begin, spec, s, args, kwargs)
                 if settled is not None:
                     return settled()
                 token = _effect_key.set(key)
                 try:
                     value = await fn(*args, **kwargs)
                 except Exception as exc:
-                    self._effect_end(spec, slot, key, error=exc)
+                    await self._off(self._effect_end, spec, slot, key, error=exc)
                     raise
                 finally:
                     _effect_key.reset(token)
-                return self._effect_end(spec, slot, key, value=value)
+                return await self._off(self._effect_end, spec, slot, key, value=value)
 
             return atool
 
         @functools.wraps(fn)
         def tool(*args: Any, **kwargs: Any) -> Any:
             if spec.approval:
-                self._gate(spec, args, kwargs)
+                self._gate(spec, self._next_slot(), args, kwargs)
             if as_step is not None:
                 return as_step(*args, **kwargs)
-            slot, key, settled = self._effect_begin(spec, args, kwargs)
+            slot, key, settled = self._effect_begin(spec, self._next_slot(), args, kwargs)
             if settled is not None:
                 return settled()
             token = _effect_key.set(key)
@@ -823,8 +837,8 @@ class Durable:
 
         return tool
 
-    def _gate(self, spec: _ToolSpec, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-        s, fp = self._next_slot(), fingerprint(spec.name, args, kwargs)
+    def _gate(self, spec: _ToolSpec, s: int, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        fp = fingerprint(spec.name, args, kwargs)
         entries = self._match(s, "request", spec.name, fp)
         if not entries:
             req: dict[str, Any] = {"k": "request", "s": s, "n": spec.name, "fp": fp}
@@ -877,10 +891,10 @@ class Durable:
         raise RunPaused(pending)
 
     def _effect_begin(
-        self, spec: _ToolSpec, args: tuple[Any, ...], kwargs: dict[str, Any]
+        self, spec: _ToolSpec, s: int, args: tuple[Any, ...], kwargs: dict[str, Any]
     ) -> tuple[int, str, Callable[[], Any] | None]:
         """(slot, idempotency key, recorded outcome or None): intent first, then the call."""
-        s, fp = self._next_slot(), fingerprint(spec.name, args, kwargs)
+        fp = fingerprint(spec.name, args, kwargs)
         entries = self._match(s, "intent", spec.name, fp)
         if not entries:
             key = new_id()
