@@ -621,3 +621,44 @@ def test_long_steps_are_checkpointed_at_an_interval(store: stashpoint.Store) -> 
     assert len(during) >= 2  # at least two ticks in ~0.3 s (machines are slow: no upper bound)
     rows = [run.state(c)["rows"] for c in reversed(during)]
     assert rows == sorted(rows) and 0 < rows[0] < 600
+
+
+def test_a_tampered_journal_is_detected_by_verify_and_on_resume(tmp_path: Path) -> None:
+    import sqlite3
+
+    from stashpoint.verify import verify_store
+
+    store = stashpoint.open(tmp_path / "st")
+    run = store.session("t")
+
+    @run.step(name="pay_out")
+    def pay_out(n: int) -> int:
+        return n
+
+    def main() -> int:
+        total = pay_out(5) + pay_out(6)
+        run.checkpoint(label="done")
+        return total
+
+    run.run(main)
+    head = run.head
+    assert head is not None and head.journal is not None
+    store.close()
+    db = sqlite3.connect(tmp_path / "st" / "store.db")
+    (data,) = db.execute(
+        "SELECT data FROM messages WHERE log=? AND idx=0", (head.journal.log,)
+    ).fetchone()
+    forged = bytes(data).replace(b'"r":5', b'"r":500')
+    assert forged != bytes(data)
+    db.execute("UPDATE messages SET data=? WHERE log=? AND idx=0", (forged, head.journal.log))
+    db.commit()
+    db.close()
+
+    store = stashpoint.open(tmp_path / "st")
+    report = verify_store(store)
+    assert not report.ok and any("journal log" in p.message for p in report.problems)
+    again = store.session("t")
+    again.step(name="pay_out")(lambda n: n)
+    with pytest.raises(stashpoint.IntegrityError, match="journal"):
+        again.run(lambda: 0)
+    store.close()

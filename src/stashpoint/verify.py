@@ -1,8 +1,9 @@
 """Walk a whole store and report everything that does not verify (``stashpoint verify``).
 
-Every record is checked against its digest and its parent link, every conversation log against
-its running hash, every referenced blob against its content digest. Shared objects are read once,
-so verifying N checkpoints of one workspace costs about one read of the workspace, not N.
+Every record is checked against its digest and its parent link, every conversation and
+durable-execution journal log against its running hash, every referenced blob against its
+content digest. Shared objects are read once, so verifying N checkpoints of one workspace
+costs about one read of the workspace, not N.
 """
 
 from __future__ import annotations
@@ -95,11 +96,12 @@ class _Verifier:
                 )
 
     def contents(self, cp: Checkpoint) -> None:
-        conv = cp.state.conversation
-        if conv is not None:
-            err = self.conversation(conv.log, conv.length, conv.hash)
-            if err:
-                self.problem(f"checkpoint {cp.id}: {err}", cp.id, cp.session)
+        for what, ref in (("conversation", cp.state.conversation), ("journal", cp.journal)):
+            if ref is not None:
+                err = self.conversation(ref.log, ref.length, ref.hash)
+                if err:
+                    err = err.replace("conversation log", f"{what} log")
+                    self.problem(f"checkpoint {cp.id}: {err}", cp.id, cp.session)
         for key, hexd in cp.state.values.items():
             err = self.blob(bytes.fromhex(hexd))
             if err:
