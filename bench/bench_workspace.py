@@ -340,7 +340,9 @@ def run(cfg: Config) -> dict[str, Any]:
         "timed, stashpoint's store creation is (API: open + session + checkpoint + close)",
         f"rewind peer: fastest correct git restore; {info['best_git_restore']} was fastest at "
         "default durability. stashpoint's rewind also takes a safety checkpoint first and "
-        "re-scans to verify; 'git commit+restore' is git doing the same safety step "
+        "then checks every path it wrote; like git it does not fsync restored files (both "
+        "versions are durable in the store, and a restore journal completes an interrupted "
+        "one); 'git commit+restore' is git doing the same safety step "
         f"(add -A && commit, then {info['safety_restore']})",
         "CLI: wall time of the `stashpoint` process, bytecode cache warm (see bench_cli)",
         "every restore (stashpoint and git) was checked: tree fingerprint equal to the snapshot, "

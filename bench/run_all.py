@@ -33,6 +33,9 @@ BENCHES = {
     "state": "bench_state",
     "cli": "bench_cli",
     "durable": "bench_durable",
+    "bundle": "bench_bundle",
+    "scale": "bench_scale",
+    "langgraph": "bench_langgraph",
 }
 RESULTS = Path(__file__).resolve().parent / "results"
 

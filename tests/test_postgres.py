@@ -17,7 +17,11 @@ import pytest
 from stashpoint.stores.base import MetadataStore
 from stashpoint.testing.conformance import MetadataStoreConformance
 
-from .backend_checks import check_concurrent_writers, check_rewind_round_trip
+from .backend_checks import (
+    check_concurrent_writers,
+    check_durable_run_resumes,
+    check_rewind_round_trip,
+)
 
 BASE_URL = os.environ.get(
     "STASHPOINT_TEST_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/test"
@@ -62,3 +66,7 @@ def test_checkpoint_rewind_and_verify_on_postgres(pg_url: str, tmp_path: Path) -
 
 def test_concurrent_writers_on_postgres_lose_nothing(pg_url: str) -> None:
     check_concurrent_writers(pg_url)
+
+
+def test_a_durable_run_resumes_on_postgres(pg_url: str) -> None:
+    check_durable_run_resumes(pg_url)

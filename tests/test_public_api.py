@@ -10,7 +10,11 @@ import pytest
 import stashpoint
 from stashpoint.cli import cli
 
-CONTRACT_NOW = ["init", "snap", "log", "show", "diff", "rewind", "fork", "label", "verify", "demo"]
+CONTRACT_NOW = [
+    *("init", "snap", "log", "show", "diff", "rewind", "fork", "label", "edit", "tasks"),
+    *("resume", "approve", "reject", "prune", "gc", "du", "verify", "export", "import"),
+    *("hooks", "chaos", "demo"),
+]
 
 
 def test_all_is_sorted_and_every_name_resolves() -> None:

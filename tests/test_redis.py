@@ -16,7 +16,11 @@ import pytest
 from stashpoint.stores.base import MetadataStore
 from stashpoint.testing.conformance import MetadataStoreConformance
 
-from .backend_checks import check_concurrent_writers, check_rewind_round_trip
+from .backend_checks import (
+    check_concurrent_writers,
+    check_durable_run_resumes,
+    check_rewind_round_trip,
+)
 
 BASE_URL = os.environ.get("STASHPOINT_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
 
@@ -52,3 +56,7 @@ def test_checkpoint_rewind_and_verify_on_redis(redis_url: str, tmp_path: Path) -
 
 def test_concurrent_writers_on_redis_lose_nothing(redis_url: str) -> None:
     check_concurrent_writers(redis_url)
+
+
+def test_a_durable_run_resumes_on_redis(redis_url: str) -> None:
+    check_durable_run_resumes(redis_url)

@@ -168,6 +168,7 @@ class Store:
 
     def close(self) -> None:
         self.meta.close()
+        self.blobs.close()  # release the blob directory's lock: a GC may hold it alone now
 
     def __enter__(self) -> Store:
         return self

@@ -35,6 +35,7 @@ from .errors import (
 )
 from .integrity import EMPTY_CHAIN, message_chain
 from .model import KINDS, Checkpoint, ConversationRef, LogRef, StateRef, WorkspaceRef, utc_now_iso
+from .retention import check_not_pruned
 from .stores.base import BlobRow, CheckpointRow, Commit, LogAppend, LogInfo
 from .workspace import Change, RestoreStats, Workspace, check_root
 
@@ -293,6 +294,8 @@ class Session:
         cp = self._as_checkpoint(ref)
         if cp is None:
             return {}
+        if ref is not None:
+            check_not_pruned(self.store, cp)
         if cp.schema_version > self.schema_version:
             raise SchemaVersionError(
                 f"checkpoint {cp.id} has state schema version {cp.schema_version}, newer than "
@@ -946,6 +949,7 @@ class Session:
         if not (files or state):
             raise UsageError("rewind needs files, state or both")
         target = self.get(ref)
+        check_not_pruned(self.store, target)
         if files and target.workspace is not None and self.workspace is None:
             raise UsageError("this session has no workspace directory to restore files into")
         self._warn_if_foreign(target)
@@ -1142,6 +1146,7 @@ class Session:
         state. Without it, this workspace switches to the new branch (after a safety checkpoint).
         """
         target = self.get(ref)
+        check_not_pruned(self.store, target)
         branch = branch or f"fork-{target.id[-8:].lower()}"
         if not branch or "\0" in branch:
             raise UsageError("invalid branch name")
@@ -1186,6 +1191,7 @@ class Session:
     def diff(self, a: str | Checkpoint, b: str | Checkpoint) -> CheckpointDiff:
         ca = a if isinstance(a, Checkpoint) else self.get(a)
         cb = b if isinstance(b, Checkpoint) else self.get(b)
+        check_not_pruned(self.store, [ca, cb])
         out = CheckpointDiff(ca, cb)
         va, vb = ca.state.values, cb.state.values
         blobs = self.store.blobs

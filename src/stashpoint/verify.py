@@ -26,6 +26,9 @@ __all__ = ["VerifyReport", "verify_store"]
 @dataclass
 class VerifyReport:
     checkpoints: int = 0
+    pruned: int = 0
+    """Checkpoints pruned by retention: record and chain link checked, contents not (GC may
+    have freed them)."""
     blobs: int = 0
     bytes: int = 0
     problems: list[Problem] = field(default_factory=list)
@@ -38,6 +41,7 @@ class VerifyReport:
         return {
             "ok": self.ok,
             "checkpoints": self.checkpoints,
+            "pruned": self.pruned,
             "blobs": self.blobs,
             "bytes": self.bytes,
             "problems": [p.to_dict() for p in self.problems],
@@ -65,6 +69,7 @@ class _Verifier:
     def session(self, name: str) -> None:
         rows = self.store.meta.list_checkpoints(name)
         by_id = {r.id: r for r in rows}
+        pruned = self.store.meta.pruned(name)
         for row in rows:
             self.report.checkpoints += 1
             try:
@@ -86,7 +91,14 @@ class _Verifier:
                         cp.id,
                         name,
                     )
+            if cp.id in pruned:
+                self.report.pruned += 1
+                continue
+            before = len(self.report.problems)
             self.contents(cp)
+            if len(self.report.problems) > before and cp.id in self.store.meta.pruned(name):
+                del self.report.problems[before:]  # pruned (and collected) while we looked
+                self.report.pruned += 1
         for branch, head in self.store.meta.branches(name).items():
             if head not in by_id:
                 self.problem(

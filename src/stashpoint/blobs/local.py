@@ -6,19 +6,34 @@ written sequentially and fsynced once, indexed by pointer rows in the metadata d
 thousand fsynced tiny files, or 50 MB pushed through SQLite's WAL (written twice), cost several
 times more (SPEC §4 first-snapshot bar). Packs are immutable once written; a crash before the
 index commits leaves an unreferenced pack that GC removes.
+
+Every open store holds a shared ``flock`` on ``gc.lock``; GC takes it exclusively (without
+waiting) to learn that no other store object, in any process, is open, and so no writer can be
+between checking that a blob exists and committing the checkpoint that relies on it.
 """
 
 from __future__ import annotations
 
+import fcntl
 import os
 import re
-from collections.abc import Iterator
+import time
+import weakref
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
-from .._fsutil import TMP_MARK, atomic_write
-from ..errors import IntegrityError
+from .._fsutil import atomic_write, fsync_dir
+from ..errors import IntegrityError, StoreError
 
-__all__ = ["LocalBlobStore"]
+__all__ = ["LocalBlobStore", "PackMissing"]
+
+_LOCK_WAIT_S = 600.0
+
+
+class PackMissing(IntegrityError):
+    """A pack file is not there: damage, or a GC repacked it after the row was read."""
+
 
 _NAME = re.compile(r"[0-9a-f]{64}")
 _MAGIC = b"SPB1"
@@ -31,6 +46,56 @@ class LocalBlobStore:
         self.root = root
         self.durable = durable
         root.mkdir(mode=0o700, parents=True, exist_ok=True)
+        self.before_put: Callable[[bytes], None] | None = None
+        """Called with a digest before it is stored (revives a condemned chunk first)."""
+        self._lock_fd: int | None = os.open(
+            root / "gc.lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600
+        )
+        self._finalizer = weakref.finalize(self, os.close, self._lock_fd)
+        self._lock(fcntl.LOCK_SH)
+
+    def _lock(self, how: int) -> None:
+        """Take the store lock, waiting while a GC holds it exclusively (it does so briefly)."""
+        assert self._lock_fd is not None
+        deadline = time.monotonic() + _LOCK_WAIT_S
+        while True:
+            try:
+                fcntl.flock(self._lock_fd, how | fcntl.LOCK_NB)
+                return
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    raise StoreError(
+                        f"{self.root} stayed locked by a garbage collection for "
+                        f"{_LOCK_WAIT_S:.0f} s; is a `stashpoint gc` stuck?"
+                    ) from None
+                time.sleep(0.02)
+
+    @contextmanager
+    def exclusive(self, attempts: int = 1, pause: float = 0.1) -> Iterator[bool]:
+        """Hold the store lock exclusively if no other store object has it (tries
+        ``attempts`` times); yields whether it did. Other openers wait meanwhile."""
+        assert self._lock_fd is not None
+        got = False
+        for i in range(max(1, attempts)):
+            try:
+                fcntl.flock(self._lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                got = True
+                break
+            except BlockingIOError:
+                # The conversion may have dropped our shared lock: take it back.
+                self._lock(fcntl.LOCK_SH)
+                if i + 1 < attempts:
+                    time.sleep(pause)
+        try:
+            yield got
+        finally:
+            if got:
+                fcntl.flock(self._lock_fd, fcntl.LOCK_SH)
+
+    def close(self) -> None:
+        """Release the store lock (also done when the object is garbage collected)."""
+        self._finalizer()
+        self._lock_fd = None
 
     def _path(self, digest: bytes) -> Path:
         h = digest.hex()
@@ -40,6 +105,8 @@ class LocalBlobStore:
         return self._path(digest).exists()
 
     def put(self, digest: bytes, codec: int, size: int, data: bytes) -> None:
+        if self.before_put is not None:
+            self.before_put(digest)  # revive first: a GC then cannot delete what we reuse
         path = self._path(digest)
         if path.exists():
             return
@@ -81,21 +148,68 @@ class LocalBlobStore:
                 f.seek(offset)
                 data = f.read(length)
         except FileNotFoundError:
-            raise IntegrityError(f"pack {name} is missing") from None
+            raise PackMissing(f"pack {name} is missing") from None
         if len(data) != length:
             raise IntegrityError(f"pack {name} is truncated")
         return data
 
-    def delete(self, digest: bytes) -> None:
+    def packs(self) -> dict[str, tuple[int, float]]:
+        """Pack name -> (file size, mtime) of every pack file."""
+        out: dict[str, tuple[int, float]] = {}
         try:
-            self._path(digest).unlink()
+            entries = list(os.scandir(self.root / "packs"))
         except FileNotFoundError:
-            pass
+            return out
+        for e in entries:
+            stem, _, ext = e.name.partition(".")
+            if ext == "pack" and _PACK_NAME.fullmatch(stem):
+                try:
+                    st = e.stat(follow_symlinks=False)
+                except FileNotFoundError:
+                    continue
+                out[stem] = (st.st_size, st.st_mtime)
+        return out
 
-    def __iter__(self) -> Iterator[bytes]:
-        for _dirpath, _dirs, files in os.walk(self.root):
+    def delete_pack(self, name: str) -> int:
+        """Remove a pack file durably; returns the bytes freed (0 if it was gone)."""
+        path = self._pack_path(name)
+        try:
+            size = path.stat().st_size
+            path.unlink()
+        except FileNotFoundError:
+            return 0
+        if self.durable:
+            fsync_dir(path.parent)
+        return size
+
+    def size(self, digest: bytes) -> int | None:
+        try:
+            return self._path(digest).stat().st_size
+        except FileNotFoundError:
+            return None
+
+    def delete(self, digest: bytes) -> int:
+        """Remove a chunk file; returns the bytes freed (0 if it was gone)."""
+        path = self._path(digest)
+        try:
+            size = path.stat().st_size
+            path.unlink()
+        except FileNotFoundError:
+            return 0
+        return size
+
+    def iter_sizes(self) -> Iterator[tuple[bytes, int]]:
+        """(digest, file size) of every chunk file."""
+        for dirpath, dirs, files in os.walk(self.root):
+            dirs[:] = [d for d in dirs if d != "packs"]
             for name in files:
                 if _NAME.fullmatch(name):
-                    yield bytes.fromhex(name)
-                elif TMP_MARK in name:
-                    continue
+                    try:
+                        size = os.stat(os.path.join(dirpath, name)).st_size
+                    except FileNotFoundError:
+                        continue
+                    yield bytes.fromhex(name), size
+
+    def __iter__(self) -> Iterator[bytes]:
+        for digest, _size in self.iter_sizes():
+            yield digest

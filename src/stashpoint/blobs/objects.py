@@ -7,10 +7,15 @@ and a file of any size is streamed, never loaded whole.
 
 Where blobs live: chunks go to the local blob directory when there is one; everything else
 (file contents up to one chunk, trees, state values) is packed into the metadata database.
+
+Garbage collection may *condemn* unreferenced blobs (see :mod:`stashpoint.stores.base`): a
+condemned blob counts as absent for every existence check here, and storing it again revives it
+before it is reused, so GC never deletes something a new checkpoint relies on.
 """
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import os
 import struct
@@ -18,14 +23,15 @@ import threading
 from collections.abc import Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from enum import IntEnum
+from typing import NamedTuple
 
 import zstandard
 
 from ..errors import IntegrityError, NotFoundError
 from ..stores.base import BlobRow, MetadataStore
-from .local import LocalBlobStore
+from .local import LocalBlobStore, PackMissing
 
-__all__ = ["CHUNK_SIZE", "BlobCodec", "BlobWriter", "Blobs"]
+__all__ = ["CHUNK_SIZE", "BlobCodec", "BlobWriter", "Blobs", "PackPointer", "parse_pointer"]
 
 CHUNK_SIZE = 1 << 20
 _FLUSH_BYTES = 32 << 20
@@ -46,14 +52,46 @@ _POINTER = struct.Struct(">BQI")
 _PACK_MIN_BYTES = 1 << 20  # smaller batches stay inline: one transaction beats an extra fsync
 
 
+class PackPointer(NamedTuple):
+    codec: int
+    """Codec of the bytes inside the pack (RAW or ZSTD)."""
+    offset: int
+    length: int
+    pack: str
+
+
+def parse_pointer(data: bytes) -> PackPointer | None:
+    """The parts of a PACKED row's data, or None if it is malformed."""
+    if len(data) < _POINTER.size:
+        return None
+    codec, offset, length = _POINTER.unpack_from(data)
+    return PackPointer(codec, offset, length, data[_POINTER.size :].decode("ascii", "replace"))
+
+
+def make_pointer(codec: int, offset: int, length: int, pack: str) -> bytes:
+    return _POINTER.pack(codec, offset, length) + pack.encode("ascii")
+
+
+def _revive_loose(meta: MetadataStore, digest: bytes) -> None:
+    if meta.condemned_among([digest]):
+        meta.revive([digest])
+
+
 class Blobs:
     def __init__(self, meta: MetadataStore, local: LocalBlobStore | None, level: int = 1) -> None:
         self.meta = meta
         self.local = local
+        if local is not None:
+            local.before_put = functools.partial(_revive_loose, meta)
         self._level = level
         self._tls = threading.local()
         self._dctx = zstandard.ZstdDecompressor()
         self._pool: ThreadPoolExecutor | None = None
+
+    def close(self) -> None:
+        """Release the local directory's store lock (GC waits for every open store)."""
+        if self.local is not None:
+            self.local.close()
 
     def _cctx(self) -> zstandard.ZstdCompressor:
         cctx = getattr(self._tls, "cctx", None)
@@ -97,13 +135,16 @@ class Blobs:
         return out
 
     def _unpack(self, digest: bytes, pointer: bytes) -> tuple[int, bytes]:
-        if self.local is None or len(pointer) < _POINTER.size:
+        p = parse_pointer(pointer)
+        if self.local is None or p is None:
             raise IntegrityError(f"blob {digest.hex()} points into a pack that is not here")
-        codec, offset, length = _POINTER.unpack_from(pointer)
-        if codec not in (BlobCodec.RAW, BlobCodec.ZSTD):
+        if p.codec not in (BlobCodec.RAW, BlobCodec.ZSTD):
             raise IntegrityError(f"blob {digest.hex()} has a bad pack pointer")
-        name = pointer[_POINTER.size :].decode("ascii", "replace")
-        return codec, self.local.read_packed(name, offset, length)
+        return p.codec, self.local.read_packed(p.pack, p.offset, p.length)
+
+    def decode_packed_entry(self, digest: bytes, codec: int, size: int, data: bytes) -> bytes:
+        """Verified content of one entry read out of a pack (GC checks before repacking)."""
+        return self._decode(digest, codec, size, data)
 
     def pack(self, rows: list[BlobRow]) -> list[BlobRow]:
         """Move a large batch of encoded rows into one pack file; returns pointer rows."""
@@ -113,9 +154,8 @@ class Blobs:
 
         name = new_id()
         spans = self.local.write_pack(name, [r.data for r in rows])
-        suffix = name.encode("ascii")
         return [
-            BlobRow(r.digest, BlobCodec.PACKED, r.size, _POINTER.pack(r.codec, off, n) + suffix)
+            BlobRow(r.digest, BlobCodec.PACKED, r.size, make_pointer(r.codec, off, n, name))
             for r, (off, n) in zip(rows, spans, strict=True)
         ]
 
@@ -134,7 +174,14 @@ class Blobs:
         """Yield the verified content of a blob, chunk by chunk."""
         codec, size, data = self._fetch(digest)
         if codec != BlobCodec.CHUNKS:
-            yield self._decode(digest, codec, size, data)
+            try:
+                yield self._decode(digest, codec, size, data)
+            except PackMissing:
+                # A GC may have repacked it after we read the row: read the row again.
+                again = self._fetch(digest)
+                if again == (codec, size, data):
+                    raise
+                yield self._decode(digest, *again)
             return
         if len(data) % 32:
             raise IntegrityError(f"blob {digest.hex()} is corrupt: bad chunk list")
@@ -152,13 +199,23 @@ class Blobs:
         return b"".join(self.iter_content(digest))
 
     def has(self, digests: Iterable[bytes]) -> set[bytes]:
+        """Which blobs exist and may be relied on (condemned ones count as absent)."""
+        self.meta.begin_write()
         wanted = set(digests)
         found = self.meta.has_blobs(wanted)
         if self.local is not None:
-            found.update(d for d in wanted - found if self.local.has(d))
+            loose = {d for d in wanted - found if self.local.has(d)}
+            if loose:
+                found.update(loose - self.meta.condemned_among(loose))
         return found
 
+    def has_loose(self, digest: bytes) -> bool:
+        """Whether a chunk file exists and may be relied on."""
+        assert self.local is not None
+        return self.local.has(digest) and not self.meta.condemned_among([digest])
+
     def writer(self) -> BlobWriter:
+        self.meta.begin_write()
         return BlobWriter(self)
 
 
@@ -236,9 +293,9 @@ class BlobWriter:
         if digest in self._seen:
             return digest
         self._seen.add(digest)
-        if not local.has(digest):
+        if not self.blobs.has_loose(digest):
             row = self.blobs.encode(digest, piece)
-            local.put(digest, row.codec, row.size, row.data)
+            local.put(digest, row.codec, row.size, row.data)  # revives it if condemned
         return digest
 
     def _encode_new(self) -> list[BlobRow]:

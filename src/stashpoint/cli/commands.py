@@ -228,8 +228,13 @@ def show(ctx: Ctx, ref: str, list_files: bool) -> None:
 
     session = ctx.session(files=False)
     cp = session.get(ref)
+    from ..retention import PrunedError
+
     data = _cp_json(session, cp)
-    data["state"] = to_tree(session.state(cp))
+    try:
+        data["state"] = to_tree(session.state(cp))
+    except PrunedError:  # the record stays for the hash chain; its contents were released
+        data["state"], data["pruned"], list_files = None, True, False
     data["durability"] = session.store.meta.durability
     manifest: dict[str, Any] | None = None
     if cp.workspace is not None:
@@ -256,7 +261,7 @@ def show(ctx: Ctx, ref: str, list_files: bool) -> None:
     for key in (*keys, "created_at"):
         if data.get(key) is not None:
             click.echo(f"  {key:<14} {data[key]}")
-    if cp.journal is not None:
+    if cp.journal is not None and not data.get("pruned"):
         from ..durable import tasks_at
 
         tasks = tasks_at(session, cp)

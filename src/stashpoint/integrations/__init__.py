@@ -2,6 +2,7 @@
 
     stashpoint.integrations.openai_agents   pip install 'stashpoint[openai-agents]'
     stashpoint.integrations.pydantic_ai     pip install 'stashpoint[pydantic-ai]'
+    stashpoint.integrations.langgraph       pip install 'stashpoint[langgraph]'
 
 Nothing here is imported by ``import stashpoint``: a framework is loaded only by the adapter
 module that needs it, and a missing one fails on import with the install line to run.

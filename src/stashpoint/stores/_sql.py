@@ -14,16 +14,19 @@ from typing import Any
 
 from ..errors import ConflictError
 from .base import (
+    GC_EPOCH_KEY,
+    BlobInfo,
     BlobRow,
     CheckpointRow,
     Commit,
+    GcEpochChanged,
     LogAppend,
     LogInfo,
     MessageRow,
     MetadataStore,
 )
 
-__all__ = ["TABLES", "SqlStore"]
+__all__ = ["TABLES", "TABLES_V2", "SqlStore"]
 
 TABLES = """
 CREATE TABLE IF NOT EXISTS {t}meta(key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -48,6 +51,19 @@ CREATE INDEX IF NOT EXISTS {t}labels_by_session ON {t}labels(session)
 """
 """Schema version 1. A log's tip is not stored: it is its last message row (MAX(idx) + 1),
 so appending writes no counter row (one page fewer per checkpoint)."""
+
+TABLES_V2 = """
+CREATE TABLE IF NOT EXISTS {t}pruned(
+    checkpoint TEXT PRIMARY KEY, session TEXT NOT NULL, at TEXT NOT NULL);
+CREATE INDEX IF NOT EXISTS {t}pruned_by_session ON {t}pruned(session);
+CREATE TABLE IF NOT EXISTS {t}condemned(digest {blob} PRIMARY KEY, at DOUBLE PRECISION NOT NULL);
+INSERT INTO {t}meta(key, value) VALUES ('gc_epoch', '0') ON CONFLICT (key) DO NOTHING
+"""
+"""Schema version 2: retention marks beside the records (the records themselves must stay
+byte-identical for the hash chain) and GC's condemned blobs. The ``gc_epoch`` row exists from
+the start so that a commit's epoch check always has a row to lock."""
+
+_BATCH = 500
 
 _CP_COLUMNS = "id, session, branch, parent, body, digest"
 _LOG_SELECT = (
@@ -102,7 +118,11 @@ class SqlStore(MetadataStore):
         for i in range(0, len(wanted), 500):
             batch = wanted[i : i + 500]
             marks = ",".join("?" * len(batch))
-            rows = self._q(f"SELECT digest FROM {{t}}blobs WHERE digest IN ({marks})", batch)
+            rows = self._q(
+                f"SELECT digest FROM {{t}}blobs b WHERE digest IN ({marks}) AND NOT EXISTS "
+                "(SELECT 1 FROM {t}condemned c WHERE c.digest = b.digest)",
+                batch,
+            )
             found.update(bytes(r[0]) for r in rows)
         return found
 
@@ -111,6 +131,12 @@ class SqlStore(MetadataStore):
             self._tx(self._insert_blobs, blobs)
 
     def _insert_blobs(self, cur: Any, blobs: Sequence[BlobRow]) -> None:
+        """Insert blobs and revive them: marks go first, so a GC claiming the same marks
+        either waits for us (and finds none) or has deleted the row we then insert."""
+        if cur.execute(self.sql("SELECT 1 FROM {t}condemned LIMIT 1")).fetchone():
+            cur.executemany(
+                self.sql("DELETE FROM {t}condemned WHERE digest=?"), [(b.digest,) for b in blobs]
+            )
         cur.executemany(
             self.sql(
                 "INSERT INTO {t}blobs(digest, codec, size, data) VALUES (?, ?, ?, ?) "
@@ -174,12 +200,27 @@ class SqlStore(MetadataStore):
         )
 
     # -- checkpoints ----------------------------------------------------------------------
+    share = ""
+    """Row-lock clause for reading ``gc_epoch`` in a commit (PostgreSQL: `` FOR SHARE``)."""
+
     def commit(self, commit: Commit) -> None:
         self._tx(self._apply_commit, commit)
+        self.end_write()
 
     def _apply_commit(self, cur: Any, c: Commit) -> None:
-        """Head compare-and-set, log-tip check and every insert, in the caller's transaction."""
+        """Epoch fence, head compare-and-set, log-tip check and every insert, in the caller's
+        transaction."""
         row = c.row
+        if c.gc_epoch is not None:
+            got = cur.execute(
+                self.sql("SELECT value FROM {t}meta WHERE key=?" + self.share), (GC_EPOCH_KEY,)
+            ).fetchone()
+            current = str(got[0]) if got else "0"
+            if current != c.gc_epoch:
+                raise GcEpochChanged(
+                    f"a garbage collection began after checkpoint {row.id} checked which blobs "
+                    "exist; snapshot again"
+                )
         if c.move_head and not self._move_head(
             cur, row.session, row.branch, row.id, c.expected_head
         ):
@@ -289,6 +330,154 @@ class SqlStore(MetadataStore):
     def labels(self, session: str) -> dict[str, str]:
         rows = self._q("SELECT checkpoint, label FROM {t}labels WHERE session=?", (session,))
         return {str(c): str(label) for c, label in rows}
+
+    # -- maintenance ----------------------------------------------------------------------
+    def iter_checkpoints(self) -> Iterator[CheckpointRow]:
+        for r in self._q(f"SELECT {_CP_COLUMNS} FROM {{t}}checkpoints ORDER BY id"):
+            yield _checkpoint_row(r)
+
+    def iter_meta(self, prefix: str) -> Iterator[tuple[str, str]]:
+        rows = self._q(
+            "SELECT key, value FROM {t}meta WHERE substr(key, 1, ?) = ? ORDER BY key",
+            (len(prefix), prefix),
+        )
+        for k, v in rows:
+            yield str(k), str(v)
+
+    def iter_blob_info(self) -> Iterator[BlobInfo]:
+        rows = self._q(
+            "SELECT digest, codec, size, length(data), "
+            "CASE WHEN codec IN (2, 3) THEN data END FROM {t}blobs"
+        )
+        for d, codec, size, stored, ref in rows:
+            yield BlobInfo(
+                bytes(d), int(codec), int(size), int(stored), None if ref is None else bytes(ref)
+            )
+
+    def log_sizes(self) -> dict[str, tuple[int, int]]:
+        rows = self._q(
+            "SELECT log, COUNT(*), SUM(length(data) + length(chain)) FROM {t}messages GROUP BY log"
+        )
+        return {str(log): (int(n), int(b or 0)) for log, n, b in rows}
+
+    def mark_pruned(self, session: str, ids: Sequence[str], at: str) -> list[str]:
+        def do(cur: Any) -> list[str]:
+            done = []
+            stmt = self.sql(
+                "INSERT INTO {t}pruned(checkpoint, session, at) SELECT ?, ?, ? "
+                "WHERE EXISTS (SELECT 1 FROM {t}checkpoints WHERE id=? AND session=?) "
+                "AND NOT EXISTS (SELECT 1 FROM {t}heads WHERE session=? AND checkpoint=?) "
+                "ON CONFLICT (checkpoint) DO NOTHING"
+            )
+            for ident in ids:
+                res = cur.execute(stmt, (ident, session, at, ident, session, session, ident))
+                if res.rowcount == 1:
+                    done.append(ident)
+            return done
+
+        return self._tx(do)  # type: ignore[no-any-return]
+
+    def pruned(self, session: str) -> dict[str, str]:
+        rows = self._q("SELECT checkpoint, at FROM {t}pruned WHERE session=?", (session,))
+        return {str(c): str(a) for c, a in rows}
+
+    def condemn(self, digests: Sequence[bytes], at: float, epoch: str | None = None) -> None:
+        def do(cur: Any) -> None:
+            cur.executemany(
+                self.sql(
+                    "INSERT INTO {t}condemned(digest, at) VALUES (?, ?) "
+                    "ON CONFLICT (digest) DO NOTHING"
+                ),
+                [(d, at) for d in digests],
+            )
+            if epoch is not None:
+                cur.execute(
+                    self.sql(
+                        "INSERT INTO {t}meta(key, value) VALUES (?, ?) "
+                        "ON CONFLICT (key) DO UPDATE SET value=excluded.value"
+                    ),
+                    (GC_EPOCH_KEY, epoch),
+                )
+
+        self._tx(do)
+
+    def condemned(self) -> dict[bytes, float]:
+        return {bytes(d): float(a) for d, a in self._q("SELECT digest, at FROM {t}condemned")}
+
+    def condemned_among(self, digests: Iterable[bytes]) -> set[bytes]:
+        wanted = list(digests)
+        found: set[bytes] = set()
+        for i in range(0, len(wanted), _BATCH):
+            batch = wanted[i : i + _BATCH]
+            marks = ",".join("?" * len(batch))
+            rows = self._q(f"SELECT digest FROM {{t}}condemned WHERE digest IN ({marks})", batch)
+            found.update(bytes(r[0]) for r in rows)
+        return found
+
+    def revive(self, digests: Sequence[bytes]) -> set[bytes]:
+        def do(cur: Any) -> set[bytes]:
+            out: set[bytes] = set()
+            for i in range(0, len(digests), _BATCH):
+                batch = list(digests[i : i + _BATCH])
+                marks = ",".join("?" * len(batch))
+                rows = cur.execute(
+                    self.sql(
+                        f"DELETE FROM {{t}}condemned WHERE digest IN ({marks}) RETURNING digest"
+                    ),
+                    batch,
+                ).fetchall()
+                out.update(bytes(r[0]) for r in rows)
+            return out
+
+        return self._tx(do) if digests else set()
+
+    def sweep_blobs(
+        self,
+        digests: Sequence[bytes],
+        before: float,
+        unlink: Callable[[list[bytes]], None] | None = None,
+    ) -> list[bytes]:
+        def do(cur: Any) -> list[bytes]:
+            claimed: list[bytes] = []
+            for i in range(0, len(digests), _BATCH):
+                batch = list(digests[i : i + _BATCH])
+                marks = ",".join("?" * len(batch))
+                rows = cur.execute(
+                    self.sql(
+                        f"DELETE FROM {{t}}condemned WHERE at <= ? AND digest IN ({marks}) "
+                        "RETURNING digest"
+                    ),
+                    [before, *batch],
+                ).fetchall()
+                got = [bytes(r[0]) for r in rows]
+                if got:
+                    marks = ",".join("?" * len(got))
+                    cur.execute(self.sql(f"DELETE FROM {{t}}blobs WHERE digest IN ({marks})"), got)
+                claimed += got
+            if unlink is not None and claimed:
+                unlink(claimed)  # inside the transaction: a reviver waits for our commit
+            return claimed
+
+        return self._tx(do) if digests else []
+
+    def delete_logs(self, logs: Sequence[str]) -> None:
+        def do(cur: Any) -> None:
+            for log in logs:
+                cur.execute(self.sql("DELETE FROM {t}messages WHERE log=?"), (log,))
+                cur.execute(self.sql("DELETE FROM {t}logs WHERE id=?"), (log,))
+
+        if logs:
+            self._tx(do)
+
+    def repoint_blobs(self, changes: Sequence[tuple[bytes, bytes, bytes]]) -> int:
+        def do(cur: Any) -> int:
+            moved = 0
+            stmt = self.sql("UPDATE {t}blobs SET data=? WHERE digest=? AND data=?")
+            for digest, old, new in changes:
+                moved += cur.execute(stmt, (new, digest, old)).rowcount
+            return moved
+
+        return self._tx(do) if changes else 0
 
 
 def _checkpoint_row(r: Any) -> CheckpointRow:

@@ -5,24 +5,47 @@ session engine, so a backend cannot weaken integrity by accident and a new backe
 hundred lines of I/O. The one operation that needs care is :meth:`MetadataStore.commit`: it must
 apply everything in a :class:`Commit` atomically, after checking the branch head and the
 conversation log tip it was computed against (compare-and-set), or apply nothing.
+
+Garbage collection (:mod:`stashpoint.gc`) adds a second protocol the backends carry out
+atomically: *condemned* blobs. GC first marks unreferenced blobs condemned (durably, bumping
+``gc_epoch``); from then on :meth:`MetadataStore.has_blobs` reports them absent, so a writer that
+needs one stores it again, and storing a blob removes its mark (revives it). GC later deletes
+only blobs whose mark is still there, claiming the mark and deleting the row in one
+transaction, so a revival and a deletion can never both win.
 """
 
 from __future__ import annotations
 
+import threading
 from abc import ABC, abstractmethod
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
+from ..errors import ConflictError
+
 __all__ = [
+    "BlobInfo",
     "BlobRow",
     "CheckpointRow",
     "Commit",
+    "GcEpochChanged",
     "LogAppend",
     "LogInfo",
     "MessageRow",
     "MetadataStore",
 ]
+
+GC_EPOCH_KEY = "gc_epoch"
+"""Store meta key bumped whenever GC condemns blobs; stat caches and commits are tied to it."""
+
+
+class GcEpochChanged(ConflictError):
+    """A commit was built on blob-existence checks made before a GC condemned blobs.
+
+    Raised only for commits that carry ``gc_epoch``: the writer must re-check (re-scan) and
+    commit again, since a blob it found may be deleted by that GC.
+    """
 
 
 class BlobRow(NamedTuple):
@@ -33,6 +56,19 @@ class BlobRow(NamedTuple):
     size: int
     """Uncompressed size."""
     data: bytes
+
+
+class BlobInfo(NamedTuple):
+    """What GC and ``du`` need to know about a stored blob row, without its payload."""
+
+    digest: bytes
+    codec: int
+    size: int
+    """Uncompressed size."""
+    stored: int
+    """Bytes of the row's data (compressed content, chunk list or pack pointer)."""
+    ref: bytes | None
+    """The data itself when it names other storage (a chunk list or a pack pointer)."""
 
 
 class CheckpointRow(NamedTuple):
@@ -82,6 +118,9 @@ class Commit:
     append: LogAppend | None = None
     blobs: Sequence[BlobRow] = field(default_factory=tuple)
     move_head: bool = True
+    gc_epoch: str | None = None
+    """When set, the ``gc_epoch`` the writer read before checking which blobs exist: the
+    commit is refused with :class:`GcEpochChanged` if a GC condemned blobs since."""
 
 
 class MetadataStore(ABC):
@@ -101,11 +140,13 @@ class MetadataStore(ABC):
 
     # -- inline blobs ---------------------------------------------------------------------
     @abstractmethod
-    def has_blobs(self, digests: Iterable[bytes]) -> set[bytes]: ...
+    def has_blobs(self, digests: Iterable[bytes]) -> set[bytes]:
+        """The given digests that are stored and not condemned (a writer may rely on them)."""
 
     @abstractmethod
     def put_blobs(self, blobs: Sequence[BlobRow]) -> None:
-        """Store blobs durably; existing digests are left as they are."""
+        """Store blobs durably; existing digests are left as they are; condemned marks of
+        these digests are removed in the same transaction."""
 
     @abstractmethod
     def get_blob(self, digest: bytes) -> BlobRow | None: ...
@@ -133,7 +174,9 @@ class MetadataStore(ABC):
     # -- checkpoints ----------------------------------------------------------------------
     @abstractmethod
     def commit(self, commit: Commit) -> None:
-        """Apply a commit atomically or raise ConflictError and apply nothing."""
+        """Apply a commit atomically or raise ConflictError and apply nothing. Its blobs are
+        revived like :meth:`put_blobs`'; ``commit.gc_epoch`` is checked in the transaction.
+        Calls :meth:`end_write` on success."""
 
     @abstractmethod
     def get_checkpoint(self, ident: str) -> CheckpointRow | None: ...
@@ -169,6 +212,110 @@ class MetadataStore(ABC):
 
     @abstractmethod
     def close(self) -> None: ...
+
+    # -- maintenance: retention, garbage collection, usage ---------------------------------
+    @abstractmethod
+    def iter_checkpoints(self) -> Iterator[CheckpointRow]:
+        """Every checkpoint row of every session (also sessions without a head yet)."""
+
+    @abstractmethod
+    def iter_meta(self, prefix: str) -> Iterator[tuple[str, str]]:
+        """Store-level settings whose key starts with ``prefix``."""
+
+    @abstractmethod
+    def iter_blob_info(self) -> Iterator[BlobInfo]:
+        """Every inline blob row, condemned or not, without loading payloads."""
+
+    @abstractmethod
+    def log_sizes(self) -> dict[str, tuple[int, int]]:
+        """Log id -> (own message rows, bytes stored for them)."""
+
+    @abstractmethod
+    def mark_pruned(self, session: str, ids: Sequence[str], at: str) -> list[str]:
+        """Mark checkpoints pruned by retention; returns the ids newly marked.
+
+        Skips, atomically, ids that are a branch head of the session right now, ids of other
+        sessions and unknown ids. The record stays (the hash chain still verifies); GC then
+        treats what only pruned records reference as garbage.
+        """
+
+    @abstractmethod
+    def pruned(self, session: str) -> dict[str, str]:
+        """Pruned checkpoint id -> when it was pruned (ISO 8601 UTC)."""
+
+    @abstractmethod
+    def condemn(self, digests: Sequence[bytes], at: float, epoch: str | None = None) -> None:
+        """Mark blobs condemned at ``at`` (seconds since the epoch; an existing mark keeps its
+        time) and, in the same transaction, set ``gc_epoch`` to ``epoch`` when given."""
+
+    @abstractmethod
+    def condemned(self) -> dict[bytes, float]:
+        """Every condemned digest -> when it was condemned."""
+
+    @abstractmethod
+    def condemned_among(self, digests: Iterable[bytes]) -> set[bytes]:
+        """The given digests that are condemned."""
+
+    @abstractmethod
+    def revive(self, digests: Sequence[bytes]) -> set[bytes]:
+        """Remove condemned marks; returns the digests that had one."""
+
+    @abstractmethod
+    def sweep_blobs(
+        self,
+        digests: Sequence[bytes],
+        before: float,
+        unlink: Callable[[list[bytes]], None] | None = None,
+    ) -> list[bytes]:
+        """Delete condemned blobs, in one transaction: claim the marks of those digests that
+        are still condemned at or before ``before``, delete their rows, call ``unlink`` with
+        the claimed digests (for blobs kept outside the database) and commit. A writer
+        reviving a digest concurrently either wins (no claim) or stores it anew after.
+        Returns the claimed digests."""
+
+    @abstractmethod
+    def delete_logs(self, logs: Sequence[str]) -> None:
+        """Delete whole logs (their info and message rows); unknown ids are ignored."""
+
+    @abstractmethod
+    def repoint_blobs(self, changes: Sequence[tuple[bytes, bytes, bytes]]) -> int:
+        """For each (digest, old data, new data), replace the row's data if it is still
+        ``old`` (compare-and-set: a repacked blob moves only if nobody changed it); returns
+        how many moved. The codec is left as it is."""
+
+    atomic_unlink: bool = True
+    """Whether :meth:`sweep_blobs` can run ``unlink`` inside its transaction (needed for
+    blobs kept outside the database, such as a local chunk directory)."""
+
+    def vacuum(self) -> None:  # noqa: B027 - optional: most backends have nothing to do
+        """Give freed space back to the operating system, where the backend keeps it."""
+
+    # -- writers in flight in this process ------------------------------------------------
+    _inflight_lock = threading.Lock()
+
+    def begin_write(self) -> None:
+        """This thread is about to rely on which blobs exist (a scan, an import): until its
+        next successful commit, a GC in this process cannot assume no writer is in flight."""
+        with MetadataStore._inflight_lock:
+            reg: dict[int, threading.Thread] = self.__dict__.setdefault("_inflight", {})
+            reg[threading.get_ident()] = threading.current_thread()
+
+    def end_write(self) -> None:
+        """Called by backends after a successful commit."""
+        reg = self.__dict__.get("_inflight")
+        if reg:
+            with MetadataStore._inflight_lock:
+                reg.pop(threading.get_ident(), None)
+
+    def writers_in_flight(self) -> int:
+        """Threads of this process (other than the caller) between a blob check and a commit."""
+        me = threading.get_ident()
+        with MetadataStore._inflight_lock:
+            reg: dict[int, threading.Thread] = self.__dict__.get("_inflight", {})
+            for ident, thread in list(reg.items()):
+                if not thread.is_alive():
+                    del reg[ident]
+            return sum(1 for ident in reg if ident != me)
 
     # -- concrete defaults ----------------------------------------------------------------
     def get_head(self, session: str, branch: str) -> str | None:

@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 
 from ..errors import ConflictError
 from .base import (
+    GC_EPOCH_KEY,
+    BlobInfo,
     BlobRow,
     CheckpointRow,
     Commit,
+    GcEpochChanged,
     LogAppend,
     LogInfo,
     MessageRow,
@@ -31,6 +34,8 @@ class MemoryStore(MetadataStore):
         self._checkpoints: dict[str, CheckpointRow] = {}
         self._heads: dict[tuple[str, str], str] = {}
         self._labels: dict[str, tuple[str, str]] = {}
+        self._pruned: dict[str, tuple[str, str]] = {}  # id -> (session, at)
+        self._condemned: dict[bytes, float] = {}
 
     def get_meta(self, key: str) -> str | None:
         return self._meta.get(key)
@@ -43,11 +48,13 @@ class MemoryStore(MetadataStore):
                 self._meta[key] = value
 
     def has_blobs(self, digests: Iterable[bytes]) -> set[bytes]:
-        return {d for d in digests if d in self._blobs}
+        with self._lock:
+            return {d for d in digests if d in self._blobs and d not in self._condemned}
 
     def put_blobs(self, blobs: Sequence[BlobRow]) -> None:
         with self._lock:
             for b in blobs:
+                self._condemned.pop(b.digest, None)
                 self._blobs.setdefault(b.digest, b)
 
     def get_blob(self, digest: bytes) -> BlobRow | None:
@@ -98,13 +105,20 @@ class MemoryStore(MetadataStore):
             info = self._check_append(a) if a is not None else None
             if row.id in self._checkpoints:
                 raise ConflictError(f"checkpoint {row.id} exists already")
+            if commit.gc_epoch is not None and commit.gc_epoch != self._meta.get(GC_EPOCH_KEY, "0"):
+                raise GcEpochChanged(
+                    f"a garbage collection began after checkpoint {row.id} checked which blobs "
+                    "exist; snapshot again"
+                )
             if a is not None and info is not None:
                 self._apply_append(a, info)
             for b in commit.blobs:
+                self._condemned.pop(b.digest, None)
                 self._blobs.setdefault(b.digest, b)
             self._checkpoints[row.id] = row
             if commit.move_head:
                 self._heads[key] = row.id
+        self.end_write()
 
     def get_checkpoint(self, ident: str) -> CheckpointRow | None:
         return self._checkpoints.get(ident)
@@ -153,6 +167,105 @@ class MemoryStore(MetadataStore):
 
     def labels(self, session: str) -> dict[str, str]:
         return {i: lab for i, (s, lab) in self._labels.items() if s == session}
+
+    # -- maintenance ----------------------------------------------------------------------
+    def iter_checkpoints(self) -> Iterator[CheckpointRow]:
+        with self._lock:
+            rows = sorted(self._checkpoints.values(), key=lambda r: r.id)
+        yield from rows
+
+    def iter_meta(self, prefix: str) -> Iterator[tuple[str, str]]:
+        with self._lock:
+            items = sorted((k, v) for k, v in self._meta.items() if k.startswith(prefix))
+        yield from items
+
+    def iter_blob_info(self) -> Iterator[BlobInfo]:
+        with self._lock:
+            rows = list(self._blobs.values())
+        for b in rows:
+            ref = b.data if b.codec in (2, 3) else None
+            yield BlobInfo(b.digest, b.codec, b.size, len(b.data), ref)
+
+    def log_sizes(self) -> dict[str, tuple[int, int]]:
+        out: dict[str, tuple[int, int]] = {}
+        with self._lock:
+            for (log, _i), row in self._messages.items():
+                n, size = out.get(log, (0, 0))
+                out[log] = (n + 1, size + len(row.data) + len(row.chain))
+        return out
+
+    def mark_pruned(self, session: str, ids: Sequence[str], at: str) -> list[str]:
+        with self._lock:
+            heads = {c for (s, _b), c in self._heads.items() if s == session}
+            done = []
+            for ident in ids:
+                row = self._checkpoints.get(ident)
+                if row is None or row.session != session or ident in heads:
+                    continue
+                if ident not in self._pruned:
+                    self._pruned[ident] = (session, at)
+                    done.append(ident)
+            return done
+
+    def pruned(self, session: str) -> dict[str, str]:
+        with self._lock:
+            return {i: at for i, (s, at) in self._pruned.items() if s == session}
+
+    def condemn(self, digests: Sequence[bytes], at: float, epoch: str | None = None) -> None:
+        with self._lock:
+            for d in digests:
+                self._condemned.setdefault(d, at)
+            if epoch is not None:
+                self._meta[GC_EPOCH_KEY] = epoch
+
+    def condemned(self) -> dict[bytes, float]:
+        with self._lock:
+            return dict(self._condemned)
+
+    def condemned_among(self, digests: Iterable[bytes]) -> set[bytes]:
+        with self._lock:
+            return {d for d in digests if d in self._condemned}
+
+    def revive(self, digests: Sequence[bytes]) -> set[bytes]:
+        with self._lock:
+            return {d for d in digests if self._condemned.pop(d, None) is not None}
+
+    def sweep_blobs(
+        self,
+        digests: Sequence[bytes],
+        before: float,
+        unlink: Callable[[list[bytes]], None] | None = None,
+    ) -> list[bytes]:
+        with self._lock:
+            claimed = []
+            for d in digests:
+                at = self._condemned.get(d)
+                if at is not None and at <= before:
+                    claimed.append(d)
+            if unlink is not None and claimed:
+                unlink(claimed)  # first: if it fails, nothing was deleted
+            for d in claimed:
+                del self._condemned[d]
+                self._blobs.pop(d, None)
+            return claimed
+
+    def delete_logs(self, logs: Sequence[str]) -> None:
+        with self._lock:
+            gone = set(logs)
+            for log in gone:
+                self._logs.pop(log, None)
+            for key in [k for k in self._messages if k[0] in gone]:
+                del self._messages[key]
+
+    def repoint_blobs(self, changes: Sequence[tuple[bytes, bytes, bytes]]) -> int:
+        moved = 0
+        with self._lock:
+            for digest, old, new in changes:
+                row = self._blobs.get(digest)
+                if row is not None and row.data == old:
+                    self._blobs[digest] = row._replace(data=new)
+                    moved += 1
+        return moved
 
     def close(self) -> None:
         pass

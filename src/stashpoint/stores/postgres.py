@@ -18,13 +18,16 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from ..errors import ConflictError, SchemaVersionError, StoreError, UsageError
-from ._sql import TABLES, SqlStore
+from ._sql import TABLES, TABLES_V2, SqlStore
 
 __all__ = ["PostgresStore"]
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 _LOCK_KEY = 0x5354_4153_4850_4F49  # "STASHPOI": serialises concurrent migrations
-MIGRATIONS: list[str] = [TABLES.format(t="sp_", blob="BYTEA")]  # index = version - 1
+MIGRATIONS: list[str] = [  # index = version - 1
+    TABLES.format(t="sp_", blob="BYTEA"),
+    TABLES_V2.format(t="sp_", blob="BYTEA"),
+]
 
 
 def _driver() -> Any:
@@ -40,6 +43,7 @@ def _driver() -> Any:
 class PostgresStore(SqlStore):
     param = "%s"
     prefix = "sp_"
+    share = " FOR SHARE"  # a commit's epoch check waits for a GC condemning blobs
 
     def __init__(self, url: str) -> None:
         psycopg = _driver()

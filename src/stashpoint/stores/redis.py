@@ -9,20 +9,25 @@ crash of the *server* can lose recent checkpoints (whole ones: the script is ato
 Layout, all under one key prefix (default ``sp:``): ``meta`` hash; ``blob:<hex>`` strings
 (codec byte + 8-byte size + data); ``log:<id>`` hashes and ``msgs:<id>`` hashes of index ->
 chain + data; ``cp:<id>`` hashes; ``cps:<session>`` and ``cpids`` sorted sets (lexicographic,
-ids sort by time); ``heads:<session>``, ``labels:<session>`` hashes; ``sessions``, ``logs`` sets.
+ids sort by time); ``heads:<session>``, ``labels:<session>`` hashes; ``sessions``, ``logs`` sets;
+``pruned:<session>`` hashes (id -> time) and the ``condemned`` hash (digest hex -> time) for
+retention and garbage collection.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
 from ..errors import ConflictError, StoreError, UsageError
 from .base import (
+    GC_EPOCH_KEY,
+    BlobInfo,
     BlobRow,
     CheckpointRow,
     Commit,
+    GcEpochChanged,
     LogAppend,
     LogInfo,
     MessageRow,
@@ -33,6 +38,7 @@ __all__ = ["RedisStore"]
 
 # ARGV: prefix, id, session, branch, parent, body, digest, move_head, expected,
 #       log, start, new_log(0/1), log_parent, log_parent_len, n_msgs, n_blobs,
+#       fence(0/1), gc_epoch,
 #       then n_msgs (chain..data) values, then n_blobs (digest, packed) pairs.
 _COMMIT = """
 local p = ARGV[1]
@@ -41,6 +47,10 @@ local body, digest, move, expected = ARGV[6], ARGV[7], ARGV[8], ARGV[9]
 local log, start, newlog = ARGV[10], tonumber(ARGV[11]), ARGV[12]
 local lparent, lparent_len = ARGV[13], ARGV[14]
 local nmsgs, nblobs = tonumber(ARGV[15]), tonumber(ARGV[16])
+if ARGV[17] == '1' then
+  local epoch = redis.call('HGET', p .. 'meta', 'gc_epoch') or '0'
+  if epoch ~= ARGV[18] then return 'conflict:gc_epoch' end
+end
 if move == '1' then
   local cur = redis.call('HGET', p .. 'heads:' .. session, branch)
   if (expected == '' and cur) or (expected ~= '' and cur ~= expected) then
@@ -60,11 +70,12 @@ if log ~= '' then
   local tip = plen + redis.call('HLEN', p .. 'msgs:' .. log)
   if tip ~= start then return 'conflict:tip' end
   for i = 1, nmsgs do
-    redis.call('HSET', p .. 'msgs:' .. log, tostring(start + i - 1), ARGV[16 + i])
+    redis.call('HSET', p .. 'msgs:' .. log, tostring(start + i - 1), ARGV[18 + i])
   end
 end
-local base = 16 + nmsgs
+local base = 18 + nmsgs
 for i = 1, nblobs do
+  redis.call('HDEL', p .. 'condemned', ARGV[base + 2 * i - 1])
   redis.call('SET', p .. 'blob:' .. ARGV[base + 2 * i - 1], ARGV[base + 2 * i], 'NX')
 end
 redis.call('HSET', p .. 'cp:' .. id, 'session', session, 'branch', branch, 'parent', parent,
@@ -96,6 +107,51 @@ end
 return 'ok'
 """
 
+# ARGV: prefix, before, then digest hexes. Claims marks still condemned at or before `before`
+# and deletes their blobs, atomically (a concurrent revival is a whole script or command).
+_SWEEP = """
+local p, before = ARGV[1], tonumber(ARGV[2])
+local out = {}
+for i = 3, #ARGV do
+  local t = redis.call('HGET', p .. 'condemned', ARGV[i])
+  if t and tonumber(t) <= before then
+    redis.call('HDEL', p .. 'condemned', ARGV[i])
+    redis.call('DEL', p .. 'blob:' .. ARGV[i])
+    out[#out + 1] = ARGV[i]
+  end
+end
+return out
+"""
+
+# ARGV: prefix, session, at, then ids. Skips heads, unknown ids and other sessions' ids.
+_PRUNE = """
+local p, session, at = ARGV[1], ARGV[2], ARGV[3]
+local heads = {}
+for _, c in ipairs(redis.call('HVALS', p .. 'heads:' .. session)) do heads[c] = true end
+local out = {}
+for i = 4, #ARGV do
+  local id = ARGV[i]
+  if not heads[id] and redis.call('HGET', p .. 'cp:' .. id, 'session') == session then
+    if redis.call('HSETNX', p .. 'pruned:' .. session, id, at) == 1 then out[#out + 1] = id end
+  end
+end
+return out
+"""
+
+# ARGV: prefix, then (digest hex, old data, new data) triples; values are codec + size + data.
+_REPOINT = """
+local p, moved = ARGV[1], 0
+for i = 2, #ARGV, 3 do
+  local key = p .. 'blob:' .. ARGV[i]
+  local v = redis.call('GET', key)
+  if v and string.sub(v, 10) == ARGV[i + 1] then
+    redis.call('SET', key, string.sub(v, 1, 9) .. ARGV[i + 2])
+    moved = moved + 1
+  end
+end
+return moved
+"""
+
 _SET_HEAD = """
 local cur = redis.call('HGET', KEYS[1], ARGV[1])
 if (ARGV[3] == '' and cur) or (ARGV[3] ~= '' and cur ~= ARGV[3]) then return 0 end
@@ -118,6 +174,8 @@ def _pack(b: BlobRow) -> bytes:
 
 
 class RedisStore(MetadataStore):
+    atomic_unlink = False
+
     def __init__(self, url: str) -> None:
         redis = _driver()
         query = parse_qs(urlsplit(url).query)
@@ -134,6 +192,9 @@ class RedisStore(MetadataStore):
         self._commit = self._r.register_script(_COMMIT)
         self._set_head = self._r.register_script(_SET_HEAD)
         self._append = self._r.register_script(_APPEND)
+        self._sweep = self._r.register_script(_SWEEP)
+        self._prune = self._r.register_script(_PRUNE)
+        self._repoint = self._r.register_script(_REPOINT)
 
     def _k(self, *parts: str | bytes) -> bytes:
         return self.prefix + b"".join(p.encode() if isinstance(p, str) else p for p in parts)
@@ -164,11 +225,16 @@ class RedisStore(MetadataStore):
         for d in wanted:
             pipe.exists(self._k("blob:", d.hex()))
         found = self._call(pipe.execute)
-        return {d for d, ok in zip(wanted, found, strict=True) if ok}
+        have = [d for d, ok in zip(wanted, found, strict=True) if ok]
+        if not have:
+            return set()
+        marks = self._call(self._r.hmget, self._k("condemned"), [d.hex() for d in have])
+        return {d for d, mark in zip(have, marks, strict=True) if mark is None}
 
     def put_blobs(self, blobs: Sequence[BlobRow]) -> None:
-        pipe = self._r.pipeline(transaction=True)
+        pipe = self._r.pipeline(transaction=True)  # MULTI: revival and insert are atomic
         for b in blobs:
+            pipe.hdel(self._k("condemned"), b.digest.hex())
             pipe.set(self._k("blob:", b.digest.hex()), _pack(b), nx=True)
         self._call(pipe.execute)
 
@@ -249,15 +315,23 @@ class RedisStore(MetadataStore):
             a.new.parent_len if a is not None and a.new is not None else 0,
             len(msgs),
             len(commit.blobs),
+            "1" if commit.gc_epoch is not None else "0",
+            commit.gc_epoch or "",
             *(chain + data for chain, data in msgs),
         ]
         for b in commit.blobs:
             args += [b.digest.hex(), _pack(b)]
         result = self._call(self._commit, args=args)
+        if result == b"conflict:gc_epoch":
+            raise GcEpochChanged(
+                f"a garbage collection began after checkpoint {r.id} checked which blobs "
+                "exist; snapshot again"
+            )
         if result != b"ok":
             raise ConflictError(
                 f"commit of {r.id} lost a race ({result.decode()}); another writer got there first"
             )
+        self.end_write()
 
     def get_checkpoint(self, ident: str) -> CheckpointRow | None:
         h = self._call(self._r.hgetall, self._k("cp:", ident))
@@ -317,6 +391,136 @@ class RedisStore(MetadataStore):
     def labels(self, session: str) -> dict[str, str]:
         h = self._call(self._r.hgetall, self._k("labels:", session))
         return {i.decode(): lab.decode() for i, lab in h.items()}
+
+    # -- maintenance ----------------------------------------------------------------------
+    def iter_checkpoints(self) -> Iterator[CheckpointRow]:
+        ids = self._call(self._r.zrangebylex, self._k("cpids"), b"-", b"+")
+        for i in range(0, len(ids), 500):
+            batch = ids[i : i + 500]
+            pipe = self._r.pipeline(transaction=False)
+            for ident in batch:
+                pipe.hgetall(self._k("cp:", ident))
+            rows = self._call(pipe.execute)
+            for ident, h in zip(batch, rows, strict=True):
+                if h:
+                    yield _row(ident.decode(), h)
+
+    def iter_meta(self, prefix: str) -> Iterator[tuple[str, str]]:
+        items = self._call(self._r.hgetall, self._k("meta"))
+        for k, v in sorted(items.items()):
+            key = k.decode()
+            if key.startswith(prefix):
+                yield key, v.decode()
+
+    def iter_blob_info(self) -> Iterator[BlobInfo]:
+        skip = len(self._k("blob:"))
+        keys = list(self._r.scan_iter(match=self._k("blob:*"), count=1000))
+        for i in range(0, len(keys), 500):
+            batch = keys[i : i + 500]
+            pipe = self._r.pipeline(transaction=False)
+            for key in batch:
+                pipe.getrange(key, 0, 8)
+                pipe.strlen(key)
+            got = self._call(pipe.execute)
+            need_ref = []
+            for j, key in enumerate(batch):
+                head, total = got[2 * j], int(got[2 * j + 1])
+                if len(head) < 9:
+                    continue  # deleted meanwhile
+                digest = bytes.fromhex(key[skip:].decode())
+                codec, size = head[0], int.from_bytes(head[1:9], "big")
+                if codec in (2, 3):
+                    need_ref.append((key, digest, codec, size, total - 9))
+                else:
+                    yield BlobInfo(digest, codec, size, total - 9, None)
+            if need_ref:
+                pipe = self._r.pipeline(transaction=False)
+                for key, *_ in need_ref:
+                    pipe.getrange(key, 9, -1)
+                refs = self._call(pipe.execute)
+                for (_key, digest, codec, size, stored), ref in zip(need_ref, refs, strict=True):
+                    yield BlobInfo(digest, codec, size, stored, bytes(ref))
+
+    def log_sizes(self) -> dict[str, tuple[int, int]]:
+        out: dict[str, tuple[int, int]] = {}
+        logs = [raw.decode() for raw in self._call(self._r.smembers, self._k("logs"))]
+        for log in logs:
+            values = self._call(self._r.hvals, self._k("msgs:", log))
+            if values:
+                out[log] = (len(values), sum(len(v) for v in values))
+        return out
+
+    def mark_pruned(self, session: str, ids: Sequence[str], at: str) -> list[str]:
+        if not ids:
+            return []
+        got = self._call(self._prune, args=[self.prefix, session, at, *ids])
+        return [i.decode() for i in got]
+
+    def pruned(self, session: str) -> dict[str, str]:
+        h = self._call(self._r.hgetall, self._k("pruned:", session))
+        return {i.decode(): at.decode() for i, at in h.items()}
+
+    def condemn(self, digests: Sequence[bytes], at: float, epoch: str | None = None) -> None:
+        pipe = self._r.pipeline(transaction=True)
+        for d in digests:
+            pipe.hsetnx(self._k("condemned"), d.hex(), repr(at))
+        if epoch is not None:
+            pipe.hset(self._k("meta"), GC_EPOCH_KEY, epoch)
+        self._call(pipe.execute)
+
+    def condemned(self) -> dict[bytes, float]:
+        h = self._call(self._r.hgetall, self._k("condemned"))
+        return {bytes.fromhex(d.decode()): float(at) for d, at in h.items()}
+
+    def condemned_among(self, digests: Iterable[bytes]) -> set[bytes]:
+        wanted = list(digests)
+        if not wanted:
+            return set()
+        marks = self._call(self._r.hmget, self._k("condemned"), [d.hex() for d in wanted])
+        return {d for d, mark in zip(wanted, marks, strict=True) if mark is not None}
+
+    def revive(self, digests: Sequence[bytes]) -> set[bytes]:
+        if not digests:
+            return set()
+        pipe = self._r.pipeline(transaction=True)
+        for d in digests:
+            pipe.hdel(self._k("condemned"), d.hex())
+        done = self._call(pipe.execute)
+        return {d for d, n in zip(digests, done, strict=True) if n}
+
+    def sweep_blobs(
+        self,
+        digests: Sequence[bytes],
+        before: float,
+        unlink: Callable[[list[bytes]], None] | None = None,
+    ) -> list[bytes]:
+        """Atomic per batch (one script). A Python ``unlink`` cannot run inside a script, so
+        a Redis store refuses one: it keeps every blob in Redis (no local chunk directory)."""
+        if unlink is not None:
+            raise UsageError("a Redis store keeps every blob in Redis; it cannot unlink files")
+        claimed: list[bytes] = []
+        for i in range(0, len(digests), 500):
+            batch = [d.hex() for d in digests[i : i + 500]]
+            got = self._call(self._sweep, args=[self.prefix, repr(before), *batch])
+            claimed += [bytes.fromhex(h.decode()) for h in got]
+        return claimed
+
+    def delete_logs(self, logs: Sequence[str]) -> None:
+        if not logs:
+            return
+        pipe = self._r.pipeline(transaction=True)
+        for log in logs:
+            pipe.delete(self._k("log:", log), self._k("msgs:", log))
+            pipe.srem(self._k("logs"), log)
+        self._call(pipe.execute)
+
+    def repoint_blobs(self, changes: Sequence[tuple[bytes, bytes, bytes]]) -> int:
+        if not changes:
+            return 0
+        args: list[Any] = [self.prefix]
+        for digest, old, new in changes:
+            args += [digest.hex(), old, new]
+        return int(self._call(self._repoint, args=args))
 
     def close(self) -> None:
         self._r.close()

@@ -16,12 +16,15 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import ConflictError, SchemaVersionError, StoreError
-from ._sql import TABLES, SqlStore
+from ._sql import TABLES, TABLES_V2, SqlStore
 
 __all__ = ["SqliteStore"]
 
-SCHEMA_VERSION = 1
-MIGRATIONS: list[str] = [TABLES.format(t="", blob="BLOB")]  # index = version - 1
+SCHEMA_VERSION = 2
+MIGRATIONS: list[str] = [  # index = version - 1
+    TABLES.format(t="", blob="BLOB"),
+    TABLES_V2.format(t="", blob="BLOB"),
+]
 
 
 class SqliteStore(SqlStore):
@@ -97,6 +100,16 @@ class SqliteStore(SqlStore):
                 if isinstance(exc, sqlite3.Error):
                     raise StoreError(f"SQLite write failed: {exc}") from exc
                 raise
+
+    def vacuum(self) -> None:
+        """Rewrite the database without its free pages and truncate the WAL (GC deletes rows;
+        SQLite reuses their pages but keeps the file size until this runs)."""
+        with self._lock:
+            try:
+                self._db.execute("VACUUM")
+                self._db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+            except sqlite3.Error as exc:
+                raise StoreError(f"SQLite vacuum failed: {exc}") from exc
 
     def close(self) -> None:
         with self._lock:

@@ -18,7 +18,16 @@ from typing import Any
 import pytest
 
 from ..errors import ConflictError
-from ..stores.base import BlobRow, CheckpointRow, Commit, LogAppend, LogInfo, MetadataStore
+from ..stores.base import (
+    BlobInfo,
+    BlobRow,
+    CheckpointRow,
+    Commit,
+    GcEpochChanged,
+    LogAppend,
+    LogInfo,
+    MetadataStore,
+)
 
 __all__ = ["MetadataStoreConformance"]
 
@@ -166,3 +175,142 @@ class MetadataStoreConformance:
         ms.commit(Commit(row, None))
         assert ms.get_checkpoint("01U") == row
         assert ms.branches("séssion ☃") == {"brånch": "01U"}
+
+    # -- retention and garbage collection -------------------------------------------------
+    def test_iter_checkpoints_and_meta(self, ms: MetadataStore) -> None:
+        ms.commit(Commit(_row("01A"), None))
+        ms.commit(Commit(_row("01B", session="t"), None, move_head=False))  # no head yet
+        assert [r.id for r in ms.iter_checkpoints()] == ["01A", "01B"]
+        ms.set_meta("run:s:main", "1")
+        ms.set_meta("run:s:b", "2")
+        ms.set_meta("rux", "3")
+        assert dict(ms.iter_meta("run:")) == {"run:s:main": "1", "run:s:b": "2"}
+
+    def test_blob_info_and_log_sizes(self, ms: MetadataStore) -> None:
+        a = _blob(b"a" * 100)
+        chunks = BlobRow(hashlib.sha256(b"whole").digest(), 2, 5, a.digest)
+        packed = BlobRow(hashlib.sha256(b"p").digest(), 3, 1, b"\x00" * 13 + b"PACKNAME")
+        ms.put_blobs([a, chunks, packed])
+        info = {i.digest: i for i in ms.iter_blob_info()}
+        assert info[a.digest] == BlobInfo(a.digest, 0, 100, 100, None)
+        assert info[chunks.digest] == BlobInfo(chunks.digest, 2, 5, 32, a.digest)
+        assert info[packed.digest].ref == packed.data
+        msgs = [(b"c" * 32, b"m0"), (b"d" * 32, b"msg1")]
+        ms.append_log(LogAppend("L1", 0, msgs, LogInfo("s", None, 0, 0)))
+        assert ms.log_sizes() == {"L1": (2, 32 * 2 + 2 + 4)}
+
+    def test_pruned_marks_skip_heads_and_strangers(self, ms: MetadataStore) -> None:
+        ms.commit(Commit(_row("01A"), None))
+        ms.commit(Commit(_row("01B", "01A"), "01A"))
+        ms.commit(Commit(_row("01X", session="other"), None))
+        got = ms.mark_pruned("s", ["01A", "01B", "01X", "01NOPE"], "2026-01-01T00:00:00Z")
+        assert got == ["01A"], "heads, other sessions' and unknown ids are never pruned"
+        assert ms.mark_pruned("s", ["01A"], "later") == []
+        assert ms.pruned("s") == {"01A": "2026-01-01T00:00:00Z"}
+        assert ms.pruned("other") == {}
+        assert ms.get_checkpoint("01A") is not None, "the record stays for the hash chain"
+
+    def test_condemned_blobs_look_absent_until_revived(self, ms: MetadataStore) -> None:
+        a, b = _blob(b"alpha"), _blob(b"beta")
+        ms.put_blobs([a, b])
+        ms.condemn([a.digest], 100.0, epoch="e1")
+        assert ms.get_meta("gc_epoch") == "e1"
+        assert ms.has_blobs([a.digest, b.digest]) == {b.digest}
+        assert ms.get_blob(a.digest) == a, "reads of a condemned blob still work"
+        assert ms.condemned() == {a.digest: 100.0}
+        ms.condemn([a.digest], 200.0)
+        assert ms.condemned() == {a.digest: 100.0}, "a mark keeps its first time"
+        assert ms.condemned_among([a.digest, b.digest]) == {a.digest}
+        ms.put_blobs([a])  # a writer stores it again: revived
+        assert ms.condemned() == {}
+        assert ms.has_blobs([a.digest]) == {a.digest}
+        ms.condemn([a.digest, b.digest], 100.0)
+        ms.commit(Commit(_row("01A"), None, blobs=[b]))  # committing a blob revives it too
+        assert ms.condemned() == {a.digest: 100.0}
+        assert ms.revive([a.digest, b.digest]) == {a.digest}
+        assert ms.condemned() == {}
+
+    def test_sweep_deletes_only_still_condemned_old_enough(self, ms: MetadataStore) -> None:
+        a, b, c = _blob(b"a1"), _blob(b"b2"), _blob(b"c3")
+        ms.put_blobs([a, b, c])
+        loose = hashlib.sha256(b"loose chunk").digest()
+        ms.condemn([a.digest, loose], 100.0)
+        ms.condemn([b.digest], 300.0)
+        ms.condemn([c.digest], 100.0)
+        ms.put_blobs([c])  # revived before the sweep
+        unlinked: list[bytes] = []
+        got = ms.sweep_blobs(
+            [a.digest, b.digest, c.digest, loose],
+            before=200.0,
+            unlink=unlinked.extend if ms.atomic_unlink else None,
+        )
+        assert set(got) == {a.digest, loose}
+        assert set(unlinked) == ({a.digest, loose} if ms.atomic_unlink else set())
+        assert ms.get_blob(a.digest) is None
+        assert ms.get_blob(b.digest) == b, "condemned after the cut-off: kept"
+        assert ms.get_blob(c.digest) == c, "revived: kept"
+        assert ms.condemned() == {b.digest: 300.0}
+        assert ms.sweep_blobs([a.digest], before=1e12) == [], "idempotent"
+        assert ms.sweep_blobs([], before=1e12) == []
+
+    def test_sweep_unlink_failure_deletes_nothing(self, ms: MetadataStore) -> None:
+        if not ms.atomic_unlink:
+            pytest.skip("this backend keeps every blob inside it")
+        a = _blob(b"keep me")
+        ms.put_blobs([a])
+        ms.condemn([a.digest], 1.0)
+
+        def fail(_digests: list[bytes]) -> None:
+            raise OSError("EIO")
+
+        with pytest.raises(OSError):
+            ms.sweep_blobs([a.digest], before=2.0, unlink=fail)
+        assert ms.get_blob(a.digest) == a
+        assert ms.condemned() == {a.digest: 1.0}
+
+    def test_many_condemned_in_batches(self, ms: MetadataStore) -> None:
+        rows = [_blob(f"x{i}".encode()) for i in range(1100)]
+        ms.put_blobs(rows)
+        digests = [r.digest for r in rows]
+        ms.condemn(digests, 5.0)
+        assert ms.has_blobs(digests) == set()
+        assert len(ms.condemned_among(digests)) == 1100
+        assert len(ms.revive(digests[:600])) == 600
+        assert len(ms.sweep_blobs(digests, before=5.0)) == 500
+        assert ms.has_blobs(digests) == set(digests[:600])
+
+    def test_commit_gc_epoch_fence(self, ms: MetadataStore) -> None:
+        ms.commit(Commit(_row("01A"), None, gc_epoch="0"))  # a fresh store is at epoch "0"
+        ms.condemn([], 1.0, epoch="7")
+        with pytest.raises(GcEpochChanged):
+            ms.commit(Commit(_row("01B", "01A"), "01A", blobs=[_blob(b"x")], gc_epoch="0"))
+        assert ms.get_checkpoint("01B") is None
+        assert ms.get_blob(_blob(b"x").digest) is None, "a refused commit writes nothing"
+        assert ms.get_head("s", "main") == "01A"
+        ms.commit(Commit(_row("01B", "01A"), "01A", gc_epoch="7"))
+        ms.commit(Commit(_row("01C", "01B"), "01B"))  # no epoch: no check
+
+    def test_delete_logs(self, ms: MetadataStore) -> None:
+        e = [(hashlib.sha256(bytes([i])).digest(), f"e{i}".encode()) for i in range(3)]
+        ms.append_log(LogAppend("L1", 0, e[:2], LogInfo("s", None, 0, 0)))
+        ms.append_log(LogAppend("L2", 2, e[2:], LogInfo("s", "L1", 2, 2)))
+        ms.delete_logs(["L2", "NOPE"])
+        assert ms.log_info("L2") is None
+        assert ms.read_messages("L2", 0, 9) == []
+        assert dict(ms.iter_logs()).keys() == {"L1"}
+        assert ms.log_info("L1") == LogInfo("s", None, 0, 2)
+        ms.delete_logs(["L2"])  # idempotent
+        # the id is free again: a new log of that name starts empty
+        ms.append_log(LogAppend("L2", 0, e[:1], LogInfo("s", None, 0, 0)))
+        assert ms.log_info("L2") == LogInfo("s", None, 0, 1)
+
+    def test_repoint_is_compare_and_set(self, ms: MetadataStore) -> None:
+        old = b"\x01" + b"\x00" * 12 + b"OLDPACK"
+        new = b"\x01" + b"\x00" * 12 + b"NEWPACK"
+        d = hashlib.sha256(b"packed").digest()
+        ms.put_blobs([BlobRow(d, 3, 6, old)])
+        assert ms.repoint_blobs([(d, b"other", new)]) == 0
+        assert ms.repoint_blobs([(d, old, new)]) == 1
+        assert ms.get_blob(d) == BlobRow(d, 3, 6, new)
+        assert ms.repoint_blobs([(d, old, new)]) == 0
+        assert ms.repoint_blobs([]) == 0

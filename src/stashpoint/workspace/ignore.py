@@ -19,18 +19,30 @@ __all__ = ["ALWAYS_EXCLUDED", "IGNORE_FILES", "IgnoreContext"]
 IGNORE_FILES = (b".gitignore", b".stashpointignore")
 ALWAYS_EXCLUDED = frozenset({b".git", b".stashpoint"})
 
-_spec_cache: dict[bytes, Any] = {}
+_spec_cache: dict[bytes, tuple[Any, tuple[Any, ...] | None]] = {}
 
 
-def _compile(text: bytes) -> Any:
-    spec = _spec_cache.get(text)
-    if spec is None:
+def _compile(text: bytes) -> tuple[Any, tuple[Any, ...] | None]:
+    """The compiled spec, and the regexes of its deciding patterns when a path none of them
+    matches is known to be left undecided by the spec (its ``include`` is None): then most
+    paths, which no pattern matches, skip pathspec's per-call overhead (~3.5 µs -> ~1 µs)."""
+    got = _spec_cache.get(text)
+    if got is None:
         import pathspec  # imported lazily: it costs ~40 ms, and most snapshots need no matching
+        from pathspec.pattern import RegexPattern
+        from pathspec.util import NORMALIZE_PATH_SEPS
 
         lines = text.decode("utf-8", "surrogateescape").splitlines()
         spec = pathspec.GitIgnoreSpec.from_lines(lines)
-        _spec_cache[text] = spec
-    return spec
+        deciding = [p for p in spec.patterns if p.include is not None]
+        # Our paths are relative and '/'-separated: pathspec's normalisation leaves them as
+        # they are, and a RegexPattern matches with ``regex.search``.
+        plain = not NORMALIZE_PATH_SEPS and all(
+            type(p).match_file is RegexPattern.match_file and p.regex is not None for p in deciding
+        )
+        got = (spec, tuple(p.regex for p in deciding) if plain else None)
+        _spec_cache[text] = got
+    return got
 
 
 class IgnoreContext:
@@ -38,8 +50,10 @@ class IgnoreContext:
 
     __slots__ = ("_layers", "signature")
 
-    def __init__(self, layers: tuple[tuple[bytes, Any], ...], signature: bytes) -> None:
-        self._layers = layers  # (directory relpath with trailing slash, compiled spec)
+    def __init__(
+        self, layers: tuple[tuple[bytes, Any, tuple[Any, ...] | None], ...], signature: bytes
+    ) -> None:
+        self._layers = layers  # (directory relpath with trailing slash, spec, quick regexes)
         self.signature = signature
 
     @classmethod
@@ -53,17 +67,23 @@ class IgnoreContext:
         prefix = rel_dir + b"/" if rel_dir else b""
         text = b"\n".join(ignore_texts)
         sig = hashlib.sha256(self.signature + b"\0" + prefix + b"\0" + text).digest()
-        return IgnoreContext((*self._layers, (prefix, _compile(text))), sig)
+        return IgnoreContext((*self._layers, (prefix, *_compile(text))), sig)
 
     @property
     def empty(self) -> bool:
         return not self._layers
 
     def ignored(self, rel: bytes, is_dir: bool) -> bool:
-        for prefix, spec in reversed(self._layers):
+        for prefix, spec, quick in reversed(self._layers):
             if not rel.startswith(prefix):  # b"" prefixes every path (the root's rules)
                 continue
             path = rel[len(prefix) :].decode("utf-8", "surrogateescape") + ("/" if is_dir else "")
+            if quick is not None:
+                for regex in quick:
+                    if regex.search(path) is not None:
+                        break
+                else:
+                    continue  # no pattern of this file matches: it does not decide
             result = spec.check_file(path)
             if result.include is not None:
                 return bool(result.include)

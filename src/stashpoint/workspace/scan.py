@@ -11,6 +11,7 @@ a failed add must never leave the old tree recorded as the new snapshot).
 from __future__ import annotations
 
 import hashlib
+import operator
 import os
 import stat
 import time
@@ -24,7 +25,7 @@ from ..blobs.objects import BlobWriter
 from ..errors import StashpointError
 from ..model import TreeEntry
 from .ignore import ALWAYS_EXCLUDED, IGNORE_FILES, IgnoreContext
-from .statcache import RACY_WINDOW_NS, StatCache, TreeCacheEntry
+from .statcache import RACY_WINDOW_NS, FileCacheEntry, StatCache, TreeCacheEntry
 from .tree import TreeReader
 from .watch import Watcher
 
@@ -35,12 +36,11 @@ _TMP = TMP_MARK.encode()
 # O_NOATIME avoids an inode write per file read; it needs ownership, which root and the usual
 # case (an agent's own workspace) have.
 _OPEN_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | getattr(os, "O_NOATIME", 0)
+_DOT = ord(".")  # every always-excluded name and every temp name starts with a dot
+_S_IFMT, _S_IFREG, _S_IFDIR = stat.S_IFMT(0o177777), stat.S_IFREG, stat.S_IFDIR
 
 
-def _by_name(entry: TreeEntry) -> bytes:
-    return entry.name
-
-
+_by_name = operator.attrgetter("name")
 _MAX_RETRIES = 5
 
 Progress = Callable[[int, int], None]
@@ -74,6 +74,7 @@ class Scanner:
         exclude: frozenset[bytes] = frozenset(),
         progress: Progress | None = None,
         watcher: Watcher | None = None,
+        reader: TreeReader | None = None,
     ) -> None:
         self.root = root
         self.writer = writer
@@ -85,7 +86,8 @@ class Scanner:
             self.new.files = dict(cache.files)
             self.new.dirs = dict(cache.dirs)
             self.new.trees = dict(cache.trees)
-        self._reader: TreeReader | None = None
+        self._reader = reader if reader is not None else TreeReader(writer.blobs)
+        """Reads stored trees (watch mode) and remembers the trees this scan encodes."""
         self.exclude = exclude
         self.progress = progress
         self._racy_after = time.time_ns() - RACY_WINDOW_NS
@@ -119,6 +121,8 @@ class Scanner:
     ) -> tuple[bytes, int, int, bool]:
         """(tree digest, files, bytes, changed since the cached scan)."""
         w = self.watcher
+        known: dict[bytes, TreeEntry] | None = None
+        dirty: frozenset[bytes] | set[bytes] | None = None
         if w is not None:
             cached = self.old.trees.get(rel)
             if cached is not None and w.subtree_clean(rel):
@@ -126,6 +130,13 @@ class Scanner:
                 return cached[4], cached[5], cached[6], False
             if cached is not None and w.is_clean(rel):
                 return self._scan_partial(path, rel, ctx, cached)
+            if cached is not None:
+                dirty = w.dirty_names(rel)
+                if dirty is not None:
+                    try:
+                        known = self._reader.load(cached[4])
+                    except StashpointError:  # not readable (any more): look at every name
+                        known = None
             w.watch(rel)  # before listing: a change after the listing becomes an event
         with os.scandir(path) as it:
             listing = list(it)
@@ -145,16 +156,39 @@ class Scanner:
         cached = old.trees.get(rel)
         reusable = cached is not None and cached[:4] == dkey
         reads_before = self._result.read_files
-        entries: list[TreeEntry] = []
+        # Per included name, in listing order: a stat-cache hit (an unchanged file: its
+        # TreeEntry is only built if this tree has to be re-encoded) or a TreeEntry.
+        names: list[bytes] = []
+        found: list[TreeEntry | FileCacheEntry] = []
         nfiles = nbytes = 0
         prefix = rel + b"/" if rel else b""
         cached_file = old.files.get
         new_files = self.new.files
         racy_after = self._racy_after
         check_ignores = not ctx.empty
+        if known is not None and dirty is not None:
+            # Watch mode: a name without an event since the last snapshot, still listed with
+            # the same type, is the file (or link) the stored tree has: no stat needed.
+            rest = []
+            for e in listing:
+                k = known.get(e.name)
+                if k is None or e.name in dirty:
+                    rest.append(e)
+                elif k.kind == "f" and e.is_file(follow_symlinks=False):
+                    names.append(e.name)
+                    found.append(k)
+                    nfiles += 1
+                    nbytes += k.size
+                elif k.kind == "l" and e.is_symlink():
+                    names.append(e.name)
+                    found.append(k)
+                    nfiles += 1
+                else:
+                    rest.append(e)
+            listing = rest
         for e in listing:  # the hot loop of every snapshot: keep it lean
             name = e.name
-            if name in ALWAYS_EXCLUDED or name.startswith(_TMP):
+            if name[0] == _DOT and (name in ALWAYS_EXCLUDED or name.startswith(_TMP)):
                 continue
             crel = prefix + name
             try:
@@ -162,14 +196,13 @@ class Scanner:
             except FileNotFoundError:
                 continue  # deleted while we looked: it is not part of this moment
             mode = st.st_mode
-            if stat.S_ISREG(mode):
+            if mode & _S_IFMT == _S_IFREG:
                 hit = cached_file(crel)
                 if check_ignores and not (trusted and hit) and ctx.ignored(crel, False):
                     continue
-                size = st.st_size
                 if (
                     hit is not None
-                    and hit[0] == size
+                    and hit[0] == st.st_size
                     and hit[1] == st.st_mtime_ns
                     and hit[2] == st.st_ctime_ns
                     and hit[3] == st.st_ino
@@ -177,27 +210,32 @@ class Scanner:
                     and hit[1] < racy_after
                 ):
                     new_files[crel] = hit
-                    digest = hit[5]
+                    names.append(name)
+                    found.append(hit)
+                    nbytes += hit[0]
                 else:
                     digest, size = self._read_file(e.path, crel, st)
-                entries.append(TreeEntry(name, "f", mode & 0o7777, size, digest))
+                    names.append(name)
+                    found.append(TreeEntry(name, "f", mode & 0o7777, size, digest))
+                    nbytes += size
                 nfiles += 1
-                nbytes += size
-            elif stat.S_ISDIR(mode):
+            elif mode & _S_IFMT == _S_IFDIR:
                 if e.path in self.exclude:
                     continue
                 if check_ignores and not (trusted and crel in old.dirs) and ctx.ignored(crel, True):
                     continue
                 sub, n, b, changed = self._scan_dir(e.path, crel, ctx, st)
                 reusable = reusable and not changed
-                entries.append(TreeEntry(name, "d", mode & 0o7777, 0, sub))
+                names.append(name)
+                found.append(TreeEntry(name, "d", mode & 0o7777, 0, sub))
                 nfiles += n
                 nbytes += b
             elif check_ignores and ctx.ignored(crel, False):
                 continue
             elif stat.S_ISLNK(mode):
                 target = os.readlink(e.path)
-                entries.append(TreeEntry(name, "l", 0o777, len(target), target))
+                names.append(name)
+                found.append(TreeEntry(name, "l", 0o777, len(target), target))
                 nfiles += 1
                 reusable = False  # links are not in the stat cache: always re-encode
             else:
@@ -205,6 +243,10 @@ class Scanner:
         if reusable and cached is not None and self._result.read_files == reads_before:
             self.new.trees[rel] = cached
             return cached[4], nfiles, nbytes, False
+        entries = [
+            v if isinstance(v, TreeEntry) else TreeEntry(n, "f", v[4] & 0o7777, v[0], v[5])
+            for n, v in zip(names, found, strict=True)
+        ]
         digest = self._store_tree(entries)
         if dst.st_mtime_ns < self._racy_after:
             self.new.trees[rel] = (*dkey, digest, nfiles, nbytes)
@@ -220,6 +262,7 @@ class Scanner:
         data = encode_tree(entries)
         digest = hashlib.sha256(data).digest()
         self.writer.add(data, digest)
+        self._reader.prime(digest, entries)
         return digest
 
     def _scan_partial(
@@ -227,8 +270,6 @@ class Scanner:
     ) -> tuple[bytes, int, int, bool]:
         """Watch mode: this directory's own entries are unchanged (no event), but something
         below it changed. Reuse its stored tree and descend only into its subdirectories."""
-        if self._reader is None:
-            self._reader = TreeReader(self.writer.blobs)
         entries = self._reader.load(cached[4])
         texts = []
         for name in IGNORE_FILES:
@@ -287,15 +328,17 @@ class Scanner:
                 self._result.read_bytes += size
                 if self.progress is not None:
                     self.progress(self._result.read_files, self._result.read_bytes)
-                if after.st_mtime_ns < self._racy_after:
-                    self.new.files[rel] = (
-                        after.st_size,
-                        after.st_mtime_ns,
-                        after.st_ctime_ns,
-                        after.st_ino,
-                        after.st_mode,
-                        digest,
-                    )
+                racy = after.st_mtime_ns >= self._racy_after
+                # A racy file is re-read next time (its stat may not change with its content:
+                # mtime -1 never matches), but its entry still says the name is not ignored.
+                self.new.files[rel] = (
+                    after.st_size,
+                    -1 if racy else after.st_mtime_ns,
+                    -1 if racy else after.st_ctime_ns,
+                    after.st_ino,
+                    after.st_mode,
+                    digest,
+                )
                 return digest, size
             before = after
         raise StashpointError(

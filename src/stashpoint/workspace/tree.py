@@ -6,6 +6,7 @@ workspace that differ in one file reads a handful of tree objects.
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -15,7 +16,7 @@ from ..blobs.objects import Blobs
 from ..errors import IntegrityError
 from ..model import TreeEntry
 
-__all__ = ["Change", "TreeReader", "validate_name"]
+__all__ = ["Change", "TreeReader", "shared_reader", "validate_name"]
 
 _tree_decoder = msgspec.msgpack.Decoder(list[TreeEntry])
 _KINDS = frozenset({"f", "d", "l"})
@@ -24,6 +25,22 @@ _KINDS = frozenset({"f", "d", "l"})
 def validate_name(name: bytes) -> bool:
     """A single path component that cannot escape its directory."""
     return bool(name) and name not in (b".", b"..") and b"/" not in name and b"\0" not in name
+
+
+def _valid(entries: dict[bytes, TreeEntry], count: int) -> bool:
+    """Every name is a valid, distinct path component (see :func:`validate_name`), every
+    kind known, every file and directory reference a 32-byte digest: checked in bulk, as
+    a restore loads a hundred trees of thirty names."""
+    if len(entries) != count or b"" in entries or b"." in entries or b".." in entries:
+        return False
+    joined = b"/".join(entries)
+    if b"\0" in joined or joined.count(b"/") != max(count - 1, 0):
+        return False
+    for e in entries.values():
+        kind = e.kind
+        if kind != "l" and (len(e.ref) != 32 or kind not in _KINDS):
+            return False
+    return True
 
 
 @dataclass(frozen=True)
@@ -36,31 +53,56 @@ class Change:
     new: TreeEntry | None
 
 
+_MAX_CACHED = 4096
+"""Trees kept per reader (a full cache is emptied: trees are ~30 entries, cheap to reload)."""
+
+
 class TreeReader:
     def __init__(self, blobs: Blobs) -> None:
         self.blobs = blobs
         self._cache: dict[bytes, dict[bytes, TreeEntry]] = {}
+        self._primed: dict[bytes, list[TreeEntry]] = {}
+
+    def prime(self, digest: bytes, entries: list[TreeEntry]) -> None:
+        """Remember a tree this process just encoded (a scan), so that a restore diffing
+        against that snapshot does not read it back. ``entries`` come from listing a real
+        directory (valid, distinct names) and ``digest`` is the hash of their encoding."""
+        if len(self._primed) >= _MAX_CACHED:
+            self._primed.clear()
+        self._primed[digest] = entries
 
     def load(self, digest: bytes) -> dict[bytes, TreeEntry]:
         """Name -> entry of one verified tree object."""
         got = self._cache.get(digest)
         if got is not None:
             return got
+        primed = self._primed.pop(digest, None)
+        if primed is not None:
+            got = {e.name: e for e in primed}
+            self._remember(digest, got)
+            return got
         data = self.blobs.read(digest)
         try:
             entries = _tree_decoder.decode(data)
         except msgspec.DecodeError as exc:
             raise IntegrityError(f"tree {digest.hex()} is malformed: {exc}") from exc
-        out: dict[bytes, TreeEntry] = {}
-        for e in entries:
-            if not validate_name(e.name) or e.name in out or e.kind not in _KINDS:
-                raise IntegrityError(f"tree {digest.hex()} has an invalid entry {e.name!r}")
-            if e.kind in ("f", "d") and len(e.ref) != 32:
-                raise IntegrityError(f"tree {digest.hex()} has a malformed reference")
-            out[e.name] = e
-        if len(self._cache) < 4096:
-            self._cache[digest] = out
+        out = {e.name: e for e in entries}
+        if not _valid(out, len(entries)):
+            seen: set[bytes] = set()
+            for e in entries:  # the slow way, to name the culprit
+                if not validate_name(e.name) or e.name in seen or e.kind not in _KINDS:
+                    raise IntegrityError(f"tree {digest.hex()} has an invalid entry {e.name!r}")
+                if e.kind != "l" and len(e.ref) != 32:
+                    raise IntegrityError(f"tree {digest.hex()} has a malformed reference")
+                seen.add(e.name)
+            raise IntegrityError(f"tree {digest.hex()} is malformed")  # pragma: no cover
+        self._remember(digest, out)
         return out
+
+    def _remember(self, digest: bytes, entries: dict[bytes, TreeEntry]) -> None:
+        if len(self._cache) >= _MAX_CACHED:
+            self._cache.clear()
+        self._cache[digest] = entries
 
     def walk(self, digest: bytes, prefix: bytes = b"") -> Iterator[tuple[bytes, TreeEntry]]:
         """Every (relpath, entry) below a tree, parents before children."""
@@ -102,3 +144,15 @@ class TreeReader:
                     yield Change(rel, "modified", o, n)
                 elif o.mode != n.mode:
                     yield Change(rel, "mode", o, n)
+
+
+_shared: weakref.WeakKeyDictionary[Blobs, TreeReader] = weakref.WeakKeyDictionary()
+
+
+def shared_reader(blobs: Blobs) -> TreeReader:
+    """One reader for every workspace of a store in this process (tree objects are immutable
+    and verified once, so sessions opened one after another reuse each other's trees)."""
+    reader = _shared.get(blobs)
+    if reader is None:
+        reader = _shared[blobs] = TreeReader(blobs)
+    return reader

@@ -53,6 +53,7 @@ _MASK = (
     | _IN_DONT_FOLLOW
 )
 _EVENT = struct.Struct("iIII")
+_NO_NAMES: frozenset[bytes] = frozenset()
 _TMP_PREFIX = b".stashpoint-tmp-"
 
 _libc: ctypes.CDLL | None = None
@@ -91,6 +92,8 @@ class Watcher:
         self._rel_wd: dict[bytes, int] = {}
         self._dirty: set[bytes] = set()
         self._dirty_below: set[bytes] = set()
+        self._names: dict[bytes, set[bytes]] = {}
+        """Directory -> the names in it that had an event (created, written, removed...)."""
         self.everything = True
         """True until the first scan, and after anything that makes events untrustworthy."""
 
@@ -122,6 +125,15 @@ class Watcher:
     def subtree_clean(self, rel: bytes) -> bool:
         """No event in this directory or anywhere below it."""
         return self.is_clean(rel) and rel not in self._dirty_below
+
+    def dirty_names(self, rel: bytes) -> frozenset[bytes] | set[bytes] | None:
+        """The names in this directory that had an event since the last snapshot; every other
+        name it still lists is the same file with the same content and metadata (any change
+        through this directory names the child in an event). None: no such promise (no
+        watch, or events were lost), so every name must be looked at."""
+        if self.everything or rel not in self._rel_wd:
+            return None
+        return self._names.get(rel, _NO_NAMES)
 
     # -- called around a snapshot -----------------------------------------------------------
     def drain(self) -> None:
@@ -159,6 +171,11 @@ class Watcher:
             if name in IGNORE_FILES:
                 self.everything = True  # ignore rules changed: decisions below may change
             self._mark(rel)
+            if name:
+                names = self._names.get(rel)
+                if names is None:
+                    names = self._names[rel] = set()
+                names.add(name)
             if mask & (_IN_MOVED_FROM | _IN_DELETE | _IN_CREATE | _IN_MOVED_TO):
                 child = rel + b"/" + name if rel else name
                 wd_child = self._rel_wd.get(child)
@@ -188,4 +205,5 @@ class Watcher:
         """After a successful scan: what it saw is the new baseline."""
         self._dirty.clear()
         self._dirty_below.clear()
+        self._names.clear()
         self.everything = False

@@ -1,0 +1,1455 @@
+"""Portable bundles (SPEC C15): a session, or one checkpoint with its ancestry, as one file.
+
+Why a framed format of our own and not a tar: a bundle is never extracted to disk. It is read
+entry by entry with bounded sizes, every byte is checked against a digest, and only then is
+anything written - into a store, through the interfaces a checkpoint uses. Container entries are
+named by digest or id, so ``../x``, absolute paths, links, hard links and device files have no
+meaning there; the names that *could* do harm live in workspace tree objects, and every name of
+every tree is checked (unsafe, duplicate, case-fold or Unicode-normalisation collisions, ``.git``)
+before the import writes a byte.
+
+Layout (integers big-endian)::
+
+    header   MAGIC (8 bytes) + format version (u32)
+    entry*   kind (1 byte), codec (u8), name length (u16), size (u64, decompressed),
+             payload length (u64), SHA-256 of the payload (32) | name (ASCII) | payload
+    trailer  an entry of kind ``Z`` whose payload is the bundle digest (SHA-256 over the header
+             and every entry header and name before it, which carry the payload digests), the
+             number of entries (u64) and their decompressed bytes (u64)
+
+Entry kinds: ``M`` manifest (JSON, first), ``C`` a checkpoint record (its stored canonical body
+and chain digest), ``L`` a log's own entries and its fork point (conversations and journals
+alike), ``T`` a tree object, ``B`` a blob (file content, a 1 MiB chunk, a state value), ``K`` a
+chunk list, named by the whole file's digest. Payloads are zstd frames that must declare their
+content size (codec 1) or raw bytes (codec 0). Blob frames are copied as the store holds them,
+so neither export nor import compresses file contents again.
+
+A single-checkpoint bundle carries the records of all its ancestors *and their contents*: every
+record in a store is verified with its contents (``stashpoint verify``), so a record imported
+without them would read as damage. Content-addressing keeps this small when history is
+incremental (measured in ``bench/bench_bundle.py``).
+
+Errors: :class:`IntegrityError` (exit 2) when a digest, a declared size or count, the framing or
+a reference does not match - the file is damaged or forged; :class:`UsageError` (exit 1) when an
+intact bundle asks for something refused: unsafe names or kinds, collisions, duplicate or
+unreferenced entries, limits (decompression bombs), ids that exist here with other contents,
+branches whose history diverged (import those with ``as_session``), another HMAC key.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import stat
+import struct
+import unicodedata
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, BinaryIO, Literal, TypeVar
+
+import msgspec
+import zstandard
+
+from ._fsutil import TMP_MARK, fsync_dir
+from ._ids import new_id
+from ._store import Store
+from .blobs.objects import BlobCodec, Blobs
+from .errors import ConflictError, IntegrityError, NotFoundError, UsageError
+from .integrity import EMPTY_CHAIN, ChainHasher, message_chain
+from .model import Checkpoint, LogRef, TreeEntry, utc_now_iso
+from .stores.base import (
+    GC_EPOCH_KEY,
+    BlobRow,
+    CheckpointRow,
+    Commit,
+    GcEpochChanged,
+    LogAppend,
+    LogInfo,
+)
+from .workspace.tree import validate_name
+
+__all__ = [
+    "MAGIC",
+    "VERSION",
+    "Bundle",
+    "BundleWriter",
+    "ExportReport",
+    "ImportReport",
+    "Limits",
+    "LogEntry",
+    "Manifest",
+    "RawEntry",
+    "RecordEntry",
+    "export_bundle",
+    "import_bundle",
+    "iter_entries",
+    "read_bundle",
+]
+
+MAGIC = b"\x89SPB\r\n\x1a\n"
+"""PNG-style: a high byte and CR LF / EOF bytes, so text-mode mangling is detected."""
+VERSION = 1
+FORMAT = "stashpoint-bundle"
+
+MANIFEST, RECORD, LOG, TREE, BLOB, CHUNKS, END = b"M", b"C", b"L", b"T", b"B", b"K", b"Z"
+RAW, ZSTD = 0, 1
+
+_HEADER = struct.Struct(">8sI")
+_ENTRY = struct.Struct(">cBHQQ32s")
+_TRAILER = struct.Struct(">32sQQ")
+_HEX = re.compile(r"[0-9a-f]{64}")
+_IDENT = re.compile(r"[0-9A-Za-z][0-9A-Za-z_.:-]{0,127}")
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+_MAX_LINK = 4096
+_BATCH_BYTES = 32 << 20
+# Zero-width code points HFS+ ignores in names (git's is_hfs_dotgit list), so ".g\u200cit" is
+# ".git" on a Mac.
+_IGNORABLE = dict.fromkeys(
+    [*range(0x200C, 0x2010), *range(0x202A, 0x202F), *range(0x206A, 0x2070), 0xFEFF]
+)
+_RESERVED = frozenset({".git", ".stashpoint", "git~1"})
+
+_DCTX = zstandard.ZstdDecompressor()
+
+
+def _damaged(msg: str) -> IntegrityError:
+    return IntegrityError(f"bundle is damaged or forged: {msg}")
+
+
+def _refused(msg: str) -> UsageError:
+    return UsageError(f"refusing bundle: {msg}")
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Bounds on what reading a bundle may cost; exceeding one refuses the bundle (exit 1)."""
+
+    max_bytes: int = 64 << 30
+    """Decompressed bytes of all entries together."""
+    max_ratio: int = 1000
+    """... and at most this many times the file's size (a decompression bomb's tell) ..."""
+    ratio_floor: int = 64 << 20
+    """... except that any bundle may expand to this much."""
+    max_entry: int = 1 << 30
+    """One entry, decompressed (state values are not chunked, so this is a value's limit)."""
+    max_entries: int = 50_000_000
+    max_meta: int = 2 << 30
+    """Records, logs, trees and chunk lists, which are held in memory while checking."""
+    max_depth: int = 256
+    """Directory nesting (restores recurse per level)."""
+    max_restore: int = 1 << 40
+    """Bytes one checkpoint's files may expand to (chunk lists can repeat a chunk)."""
+    cache_bytes: int = 256 << 20
+    """Blob payloads kept in memory between checking and writing; the rest is read twice."""
+
+
+# -- records inside the file -------------------------------------------------------------------
+class Manifest(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    format: str
+    version: int
+    session: str
+    scope: Literal["session", "checkpoint"]
+    checkpoints: list[str]
+    """What was exported: every id of the session, or the one checkpoint."""
+    heads: dict[str, str]
+    """Branch -> head id; a single-checkpoint bundle names the checkpoint's branch."""
+    labels: dict[str, str] = {}
+    pruned: dict[str, str] = {}
+    """Id -> when, for records pruned by retention: they travel as records only (the chain
+    still verifies; their contents may be gone) and are marked pruned where imported."""
+    keyed: bool = False
+    """Records are sealed with an HMAC key (they verify only in a store with the same key)."""
+    source_store: str = ""
+    created_at: str = ""
+    stashpoint: str = ""
+
+
+class RecordEntry(msgspec.Struct, frozen=True, forbid_unknown_fields=True, array_like=True):
+    digest: str
+    body: bytes
+    """The record exactly as the source store holds it (canonical JSON)."""
+
+
+class LogEntry(msgspec.Struct, frozen=True, forbid_unknown_fields=True, array_like=True):
+    """A log's own entries: they start at ``parent_len`` (forks) or 0 (new logs)."""
+
+    session: str
+    parent: str | None
+    parent_len: int
+    rows: list[tuple[bytes, bytes]]
+    """(running hash, encoded entry) pairs."""
+
+    @property
+    def start(self) -> int:
+        return self.parent_len if self.parent is not None else 0
+
+
+_manifest_dec = msgspec.json.Decoder(Manifest)
+_record_dec = msgspec.msgpack.Decoder(RecordEntry)
+_log_dec = msgspec.msgpack.Decoder(LogEntry)
+_tree_dec = msgspec.msgpack.Decoder(list[TreeEntry])
+_msgpack = msgspec.msgpack.Encoder()
+
+
+# -- the container, low level ------------------------------------------------------------------
+class RawEntry(msgspec.Struct, frozen=True):
+    kind: bytes
+    name: str
+    codec: int
+    size: int
+    payload: bytes
+
+
+class BundleWriter:
+    """Frames entries into a file and writes the trailer; it checks nothing (tests use it to
+    craft hostile bundles; :func:`export_bundle` checks what it writes)."""
+
+    def __init__(self, f: BinaryIO, *, level: int = 3) -> None:
+        self._f = f
+        self._hash = hashlib.sha256()
+        self._cctx = zstandard.ZstdCompressor(level=level)
+        self.entries = 0
+        self.bytes = 0
+        self.size = 0
+        self._put(_HEADER.pack(MAGIC, VERSION))
+
+    def _put(self, data: bytes, *, hashed: bool = True) -> None:
+        if hashed:
+            self._hash.update(data)
+        self._f.write(data)
+        self.size += len(data)
+
+    def add_payload(
+        self, kind: bytes, name: str, codec: int, size: int, payload: bytes, *, sha: bytes = b""
+    ) -> None:
+        """An entry whose payload is ready (``codec`` RAW or ZSTD; ``size`` decompressed)."""
+        nb = name.encode("ascii")
+        sha = sha or hashlib.sha256(payload).digest()
+        self._put(_ENTRY.pack(kind, codec, len(nb), size, len(payload), sha) + nb)
+        self._put(payload, hashed=False)  # committed to through its digest in the header
+        self.entries += 1
+        self.bytes += size
+
+    def add(self, kind: bytes, name: str, content: bytes) -> None:
+        """An entry from its content, zstd-compressed unless that saves under 10 %."""
+        if len(content) >= 64:
+            packed = self._cctx.compress(content)
+            if len(packed) < len(content) * 0.9:
+                self.add_payload(kind, name, ZSTD, len(content), packed)
+                return
+        self.add_payload(kind, name, RAW, len(content), content)
+
+    def finish(self) -> bytes:
+        """Write the trailer; returns the bundle digest."""
+        digest = self._hash.digest()
+        payload = _TRAILER.pack(digest, self.entries, self.bytes)
+        header = _ENTRY.pack(
+            END, RAW, 0, len(payload), len(payload), hashlib.sha256(payload).digest()
+        )
+        self._put(header + payload, hashed=False)
+        return digest
+
+
+def iter_entries(path: str | os.PathLike[str]) -> Iterator[RawEntry]:
+    """Every entry of a bundle file as it is, trailer excluded. Checks nothing: for tools and
+    tests; :func:`read_bundle` is the reader that validates."""
+    with open(path, "rb") as f:
+        f.read(_HEADER.size)
+        while True:
+            header = f.read(_ENTRY.size)
+            if len(header) < _ENTRY.size:
+                return
+            kind, codec, nlen, size, plen, _sha = _ENTRY.unpack(header)
+            name = f.read(nlen).decode("ascii", "replace")
+            payload = f.read(plen)
+            if kind == END:
+                return
+            yield RawEntry(kind, name, codec, size, payload)
+
+
+def decode_payload(codec: int, size: int, payload: bytes, what: str = "entry") -> bytes:
+    """Content of a payload, bounded by its declared size, or IntegrityError.
+
+    A zstd frame must carry its content size and it must equal ``size`` (the frame cannot then
+    decompress to more), be the only frame, and end the payload.
+    """
+    if codec == RAW:
+        if len(payload) != size:
+            raise _damaged(f"{what} declares {size} bytes but holds {len(payload)}")
+        return payload
+    if codec != ZSTD:
+        raise _refused(f"{what} uses unknown codec {codec}")
+    try:
+        declared = zstandard.frame_content_size(payload)
+    except zstandard.ZstdError as exc:
+        raise _damaged(f"{what} is not a zstd frame: {exc}") from None
+    if declared != size:
+        raise _damaged(f"{what} declares {size} bytes but its frame says {declared}")
+    obj = _DCTX.decompressobj()
+    try:
+        out = obj.decompress(payload)
+    except zstandard.ZstdError as exc:
+        raise _damaged(f"{what} does not decompress: {exc}") from None
+    if not obj.eof or obj.unused_data or len(out) != size:
+        raise _damaged(f"{what} is not exactly one frame of {size} bytes")
+    return out
+
+
+# -- checks shared by export and import --------------------------------------------------------
+def _check_text(what: str, value: str) -> None:
+    if not value or len(value) > 1024 or _CONTROL.search(value):
+        raise _refused(f"invalid {what} {value[:80]!r}")
+
+
+def _fold(name: bytes) -> str:
+    """The key under which case-insensitive or normalising filesystems see a name."""
+    text = unicodedata.normalize("NFC", name.decode("utf-8", "surrogateescape"))
+    return unicodedata.normalize("NFC", text.casefold()).translate(_IGNORABLE)
+
+
+def parse_tree(digest: bytes, content: bytes) -> list[TreeEntry]:
+    """Decode one tree object and refuse any entry a restore must not be asked to create."""
+    where = f"tree {digest.hex()[:16]}"
+    try:
+        entries = _tree_dec.decode(content)
+    except msgspec.DecodeError as exc:
+        raise _damaged(f"{where} is malformed: {exc}") from None
+    folded: dict[str, bytes] = {}
+    for e in entries:
+        if not validate_name(e.name):
+            raise _refused(f"{where} has an unsafe name {e.name!r} (empty, '.', '..', or with '/')")
+        if e.kind not in ("f", "d", "l"):
+            raise _refused(
+                f"{where}: {e.name!r} is of kind {e.kind!r}; a bundle holds only files, "
+                "directories and symlinks (no device files, hard links or FIFOs)"
+            )
+        key = _fold(e.name)
+        if key.rstrip(". ") in _RESERVED:
+            raise _refused(f"{where} has an entry {e.name!r}, which stashpoint never snapshots")
+        if key in folded:
+            other = folded[key]
+            what = "twice" if other == e.name else f"and {other!r}, which collide"
+            raise _refused(
+                f"{where} has {e.name!r} {what} (case-insensitive or Unicode-normalising "
+                "filesystems cannot hold both)"
+            )
+        folded[key] = e.name
+        if not 0 <= e.mode <= 0o7777 or e.size < 0:
+            raise _damaged(f"{where}: {e.name!r} has an invalid mode or size")
+        if e.kind == "f" and e.mode & 0o6000:
+            raise _refused(f"{where}: {e.name!r} is setuid/setgid")
+        if e.kind in ("f", "d") and len(e.ref) != 32:
+            raise _damaged(f"{where}: {e.name!r} has a malformed reference")
+        if e.kind == "l" and (not e.ref or len(e.ref) > _MAX_LINK or b"\0" in e.ref):
+            raise _refused(f"{where}: symlink {e.name!r} has an invalid target")
+    return entries
+
+
+_S = TypeVar("_S", bound=msgspec.Struct)
+
+
+def log_refs(obj: msgspec.Struct) -> Iterator[LogRef]:
+    """Every LogRef in a record (conversation, journal, and any added later), generically."""
+    for name in obj.__struct_fields__:
+        value = getattr(obj, name)
+        if isinstance(value, LogRef):
+            yield value
+        elif isinstance(value, msgspec.Struct):
+            yield from log_refs(value)
+
+
+def _remap_logs(obj: _S, fn: Callable[[str], str]) -> _S:
+    changes: dict[str, Any] = {}
+    for name in obj.__struct_fields__:
+        value = getattr(obj, name)
+        if isinstance(value, LogRef):
+            changes[name] = msgspec.structs.replace(value, log=fn(value.log))
+        elif isinstance(value, msgspec.Struct):
+            new = _remap_logs(value, fn)
+            if new is not value:
+                changes[name] = new
+    return msgspec.structs.replace(obj, **changes) if changes else obj
+
+
+@dataclass
+class _Contents:
+    """What a bundle carries, as export builds it or import reads it."""
+
+    manifest: Manifest | None = None
+    records: dict[str, RecordEntry] = field(default_factory=dict)
+    logs: dict[str, LogEntry] = field(default_factory=dict)
+    trees: dict[bytes, bytes] = field(default_factory=dict)
+    blobs: dict[bytes, int] = field(default_factory=dict)
+    """Digest -> size of blobs whose content was verified against the digest."""
+    lists: dict[bytes, bytes] = field(default_factory=dict)
+
+
+@dataclass
+class _Checked:
+    records: list[tuple[Checkpoint, RecordEntry]]
+    """Parents first."""
+    logs: list[str]
+    """Parents first."""
+    chunks: set[bytes]
+    list_sizes: dict[bytes, int]
+
+
+class _Checker:
+    """Everything about a bundle that can be checked without the target store."""
+
+    def __init__(
+        self,
+        c: _Contents,
+        hasher: ChainHasher,
+        limits: Limits,
+        parsed: dict[bytes, list[TreeEntry]] | None = None,
+    ) -> None:
+        self.c = c
+        self.parsed = parsed or {}
+        """Trees already checked by :func:`parse_tree` (export parses each once)."""
+        self.hasher = hasher
+        self.limits = limits
+        self.used: set[bytes] = set()
+        self.chunks: set[bytes] = set()
+        self.list_sizes: dict[bytes, int] = {}
+        self.tree_stats: dict[bytes, tuple[int, int]] = {}
+        self.chains: dict[str, list[bytes]] = {}
+        self.used_logs: set[str] = set()
+
+    def run(self) -> _Checked:
+        m = self.c.manifest
+        if m is None:
+            raise _damaged("no manifest")
+        if m.format != FORMAT:
+            raise _damaged(f"manifest format is {m.format!r}")
+        if m.version != VERSION:
+            raise _refused(f"format version {m.version}; this stashpoint reads {VERSION}")
+        _check_text("session name", m.session)
+        if m.keyed != self.hasher.keyed:
+            raise _refused(
+                "its records are sealed with an HMAC key and this store has none"
+                if m.keyed
+                else "this store is keyed (HMAC) and the bundle's records are not; they can "
+                "only be imported into a store without a key"
+            )
+        records = self._records(m)
+        logs = self._logs(m)
+        for cp, _rec in records:
+            if cp.id not in m.pruned:
+                self._contents(cp)
+        unused = [k for k in (*self.c.trees, *self.c.blobs, *self.c.lists) if k not in self.used]
+        if unused:
+            raise _refused(f"it carries {len(unused)} object(s) no checkpoint refers to")
+        if set(logs) - self.used_logs:
+            raise _refused("it carries logs no checkpoint refers to")
+        return _Checked(records, logs, self.chunks, self.list_sizes)
+
+    def _records(self, m: Manifest) -> list[tuple[Checkpoint, RecordEntry]]:
+        opened: dict[str, Checkpoint] = {}
+        for ident, rec in self.c.records.items():
+            try:
+                cp = self.hasher.open(ident, rec.body, rec.digest)
+            except IntegrityError as exc:  # (a newer record format: SchemaVersionError, exit 1)
+                if self.hasher.keyed:
+                    raise _damaged(
+                        f"checkpoint {ident} does not verify under this store's key (the bundle "
+                        "was sealed with another key, or altered)"
+                    ) from None
+                raise _damaged(str(exc)) from None
+            if cp.session != m.session:
+                raise _refused(f"checkpoint {ident} belongs to session {cp.session!r}")
+            _check_text("branch name", cp.branch)
+            opened[ident] = cp
+        for cp in opened.values():
+            if cp.parent is None:
+                continue
+            parent = opened.get(cp.parent)
+            if parent is None:
+                raise _damaged(f"checkpoint {cp.id}'s parent {cp.parent} is not in the bundle")
+            if parent.digest != cp.parent_digest:
+                raise _damaged(f"checkpoint {cp.id}'s parent {cp.parent} was altered")
+        if not m.checkpoints or any(i not in opened for i in m.checkpoints):
+            raise _damaged("the manifest names checkpoints the bundle does not carry")
+        for branch, head in m.heads.items():
+            _check_text("branch name", branch)
+            if head not in opened:
+                raise _damaged(f"branch {branch!r} points to a checkpoint not in the bundle")
+        for ident, label in m.labels.items():
+            _check_text("label", label)
+            if ident not in opened:
+                raise _damaged(f"label {label!r} names a checkpoint not in the bundle")
+        for ident, when in m.pruned.items():
+            _check_text("prune time", when)
+            if ident not in opened or ident in m.checkpoints or ident in m.heads.values():
+                raise _damaged(f"pruned checkpoint {ident} is missing, exported or a head")
+        reachable: set[str] = set()
+        for start in (*m.checkpoints, *m.heads.values()):
+            node: str | None = start
+            while node is not None and node not in reachable:
+                reachable.add(node)
+                node = opened[node].parent
+        if len(reachable) != len(opened):
+            raise _refused("it carries records that no exported checkpoint descends to")
+        # Parents first (ids sort by time, but a record's order must not depend on clocks).
+        order: list[tuple[Checkpoint, RecordEntry]] = []
+        done: set[str] = set()
+        for ident in sorted(opened):
+            path: list[str] = []
+            node = ident
+            while node is not None and node not in done:
+                path.append(node)
+                node = opened[node].parent
+            for x in reversed(path):
+                done.add(x)
+                order.append((opened[x], self.c.records[x]))
+        return order
+
+    def _logs(self, m: Manifest) -> list[str]:
+        logs = self.c.logs
+        order: list[str] = []
+        state: dict[str, int] = {}  # 1 visiting, 2 done
+        for name, entry in logs.items():
+            _check_text("log session", entry.session)
+            if entry.session != m.session:
+                raise _refused(f"log {name} belongs to session {entry.session!r}")
+            if (entry.parent is None and entry.parent_len != 0) or entry.parent_len < 0:
+                raise _damaged(f"log {name} has an invalid fork point")
+            if entry.parent is not None and entry.parent not in logs:
+                raise _damaged(f"log {name}'s parent log {entry.parent} is not in the bundle")
+            path: list[str] = []
+            node: str | None = name
+            while node is not None and state.get(node) != 2:
+                if state.get(node) == 1:
+                    raise _damaged(f"log {node} is its own ancestor")
+                state[node] = 1
+                path.append(node)
+                node = logs[node].parent
+            for x in reversed(path):
+                state[x] = 2
+                order.append(x)
+        for name in order:
+            entry = logs[name]
+            chain = self.chain_at(entry.parent, entry.parent_len) if entry.parent else EMPTY_CHAIN
+            own: list[bytes] = []
+            for i, (stored, data) in enumerate(entry.rows):
+                chain = message_chain(chain, data)
+                if bytes.fromhex(chain) != stored:
+                    raise _damaged(
+                        f"log {name} does not match its running hash at {entry.start + i}"
+                    )
+                own.append(stored)
+            self.chains[name] = own
+        return order
+
+    def chain_at(self, log: str | None, n: int) -> str:
+        """Running hash after ``n`` entries of ``log``, following fork points."""
+        while log is not None and n > 0:
+            entry = self.c.logs[log]
+            self.used_logs.add(log)
+            if n > entry.start:
+                own = self.chains.get(log)
+                if own is None or n - entry.start > len(own):
+                    raise _damaged(f"log {log} is shorter than a checkpoint says")
+                return own[n - 1 - entry.start].hex()
+            log = entry.parent
+        if log is not None:
+            self.used_logs.add(log)
+        return EMPTY_CHAIN
+
+    def _contents(self, cp: Checkpoint) -> None:
+        for ref in log_refs(cp):
+            if ref.log not in self.c.logs or ref.length < 0:
+                raise _damaged(f"checkpoint {cp.id} refers to log {ref.log}, not in the bundle")
+            if self.chain_at(ref.log, ref.length) != ref.hash:
+                raise _damaged(f"checkpoint {cp.id}: log {ref.log} does not match its hash")
+        for key, hexd in cp.state.values.items():
+            if not _HEX.fullmatch(hexd):
+                raise _damaged(f"checkpoint {cp.id}: state value {key!r} has a bad digest")
+            self._content_size(bytes.fromhex(hexd), f"checkpoint {cp.id}: state value {key!r}")
+        ws = cp.workspace
+        if ws is not None:
+            if not _HEX.fullmatch(ws.tree):
+                raise _damaged(f"checkpoint {cp.id} has a bad tree digest")
+            files, nbytes = self._tree(bytes.fromhex(ws.tree), 0)
+            if (files, nbytes) != (ws.files, ws.bytes):
+                raise _damaged(
+                    f"checkpoint {cp.id} declares {ws.files} files / {ws.bytes} bytes, its tree "
+                    f"holds {files} / {nbytes}"
+                )
+            if nbytes > self.limits.max_restore:
+                raise _refused(f"checkpoint {cp.id}'s files would expand to {nbytes} bytes")
+
+    def _content_size(self, digest: bytes, what: str) -> int:
+        c = self.c
+        self.used.add(digest)
+        if digest in c.blobs:
+            return c.blobs[digest]
+        if digest in c.trees:
+            return len(c.trees[digest])
+        if digest in self.list_sizes:
+            return self.list_sizes[digest]
+        chunk_list = c.lists.get(digest)
+        if chunk_list is None:
+            raise _damaged(f"{what}: content {digest.hex()[:16]} is not in the bundle")
+        if not chunk_list or len(chunk_list) % 32:
+            raise _damaged(f"chunk list {digest.hex()[:16]} is malformed")
+        total = 0
+        for i in range(0, len(chunk_list), 32):
+            chunk = chunk_list[i : i + 32]
+            size = c.blobs.get(chunk)
+            if size is None:
+                raise _damaged(f"chunk {chunk.hex()[:16]} of {digest.hex()[:16]} is missing")
+            self.used.add(chunk)
+            self.chunks.add(chunk)
+            total += size
+        self.list_sizes[digest] = total
+        return total
+
+    def _tree(self, digest: bytes, depth: int) -> tuple[int, int]:
+        known = self.tree_stats.get(digest)
+        if known is not None:
+            return known
+        if depth > self.limits.max_depth:
+            raise _refused(f"directories nest deeper than {self.limits.max_depth}")
+        content = self.c.trees.get(digest)
+        if content is None:
+            raise _damaged(f"tree {digest.hex()[:16]} is not in the bundle")
+        self.used.add(digest)
+        files = nbytes = 0
+        entries = self.parsed.get(digest)
+        for e in parse_tree(digest, content) if entries is None else entries:
+            if e.kind == "d":
+                n, b = self._tree(e.ref, depth + 1)
+                files, nbytes = files + n, nbytes + b
+            elif e.kind == "f":
+                size = self._content_size(e.ref, f"file {e.name!r}")
+                if size != e.size:
+                    raise _damaged(f"file {e.name!r} declares {e.size} bytes, its content {size}")
+                files, nbytes = files + 1, nbytes + size
+            else:
+                if e.size != len(e.ref):
+                    raise _damaged(f"symlink {e.name!r} declares a wrong size")
+                files += 1
+        self.tree_stats[digest] = (files, nbytes)
+        return files, nbytes
+
+
+# -- reading -----------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class _Slot:
+    kind: bytes
+    codec: int
+    size: int
+    offset: int
+    length: int
+    sha: bytes
+
+
+class Bundle:
+    """A bundle file that passed every check that does not need the target store.
+
+    Keeps the file open: blob payloads too large to cache are read again at import, each
+    checked against the digest it had when it was validated.
+    """
+
+    def __init__(self, path: Path, f: BinaryIO, size: int) -> None:
+        self.path = path
+        self._f = f
+        self.size = size
+        """Bytes of the file."""
+        self.contents = _Contents()
+        self.slots: dict[bytes, _Slot] = {}
+        self.digest = ""
+        """Bundle digest (hex), from the trailer."""
+        self.bytes = 0
+        """Decompressed bytes of all entries."""
+        self._cache: dict[bytes, bytes] = {}
+        self.checked: _Checked | None = None
+
+    @property
+    def manifest(self) -> Manifest:
+        assert self.contents.manifest is not None
+        return self.contents.manifest
+
+    def payload(self, digest: bytes) -> bytes:
+        slot = self.slots[digest]
+        data = self._cache.get(digest)
+        if data is None:
+            data = os.pread(self._f.fileno(), slot.length, slot.offset)
+            if hashlib.sha256(data).digest() != slot.sha:
+                raise _damaged(f"{self.path} changed while it was being imported")
+        return data
+
+    def content(self, digest: bytes) -> bytes:
+        slot = self.slots[digest]
+        return decode_payload(slot.codec, slot.size, self.payload(digest), f"blob {digest.hex()}")
+
+    def close(self) -> None:
+        self._f.close()
+
+    def __enter__(self) -> Bundle:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def read_bundle(
+    path: str | os.PathLike[str],
+    *,
+    hasher: ChainHasher | None = None,
+    limits: Limits | None = None,
+    progress: Callable[[int, int], None] | None = None,
+) -> Bundle:
+    """Open and check a bundle completely (every digest, size, name, chain and reference).
+
+    ``hasher`` must be the target store's (records are verified with its key, if any).
+    Raises IntegrityError (damaged or forged) or UsageError (refused); writes nothing.
+    """
+    p, limits = Path(path), limits or Limits()
+    try:  # O_NONBLOCK: opening a FIFO must not wait for a writer
+        fd = os.open(p, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as exc:
+        raise UsageError(f"cannot read {p}: {exc.strerror}") from None
+    f = os.fdopen(fd, "rb")
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise UsageError(f"{p} is not a regular file")
+        bundle = _Reader(p, f, limits, progress).read()
+        bundle.checked = _Checker(bundle.contents, hasher or ChainHasher(), limits).run()
+        for digest in bundle.checked.list_sizes:  # whole-file digests of chunked files
+            whole = hashlib.sha256()
+            lst = bundle.contents.lists[digest]
+            for i in range(0, len(lst), 32):
+                whole.update(bundle.content(lst[i : i + 32]))
+            if whole.digest() != digest:
+                raise _damaged(f"chunked content {digest.hex()[:16]} does not match its digest")
+        return bundle
+    except BaseException:
+        f.close()
+        raise
+
+
+class _Reader:
+    def __init__(
+        self, path: Path, f: BinaryIO, limits: Limits, progress: Callable[[int, int], None] | None
+    ) -> None:
+        self.f = f
+        self.limits = limits
+        self.progress = progress
+        self.size = os.fstat(f.fileno()).st_size
+        self.pos = 0
+        self.bundle = Bundle(path, f, self.size)
+        self.meta_bytes = 0
+        self.cache_bytes = 0
+
+    def take(self, n: int) -> bytes:
+        if n > self.size - self.pos:
+            raise _damaged("the file is truncated")
+        data = self.f.read(n)
+        if len(data) != n:
+            raise _damaged("the file is truncated")
+        self.pos += n
+        return data
+
+    def read(self) -> Bundle:
+        b, lim = self.bundle, self.limits
+        if self.size < _HEADER.size:
+            raise UsageError(f"{b.path} is not a stashpoint bundle")
+        head = self.take(_HEADER.size)
+        magic, version = _HEADER.unpack(head)
+        if magic != MAGIC:
+            raise UsageError(f"{b.path} is not a stashpoint bundle")
+        if version != VERSION:
+            raise _refused(f"format version {version}; this stashpoint reads {VERSION}")
+        overall = hashlib.sha256(head)
+        cap = min(lim.max_bytes, max(lim.ratio_floor, lim.max_ratio * self.size))
+        count = total = 0
+        while True:
+            header = self.take(_ENTRY.size)
+            kind, codec, nlen, size, plen, sha = _ENTRY.unpack(header)
+            raw_name = self.take(nlen)
+            if kind == END:
+                payload = self.take(plen)
+                if (plen, size, codec, nlen) != (_TRAILER.size, _TRAILER.size, RAW, 0):
+                    raise _damaged("malformed trailer")
+                if hashlib.sha256(payload).digest() != sha:
+                    raise _damaged("the trailer does not match its digest")
+                digest, n, nbytes = _TRAILER.unpack(payload)
+                if digest != overall.digest():
+                    raise _damaged("the bundle digest does not match its entries")
+                if (n, nbytes) != (count, total):
+                    raise _damaged("the trailer's entry count or size does not match")
+                if self.pos != self.size:
+                    raise _damaged("there is data after the trailer")
+                b.digest, b.bytes = digest.hex(), total
+                return b
+            overall.update(header + raw_name)
+            count += 1
+            name = self._name(kind, raw_name, count)
+            if count > lim.max_entries:
+                raise _refused(f"more than {lim.max_entries} entries")
+            if size > lim.max_entry:
+                raise _refused(f"entry {name} expands to {size} bytes (limit {lim.max_entry})")
+            total += size
+            if total > cap:
+                raise _refused(
+                    f"it expands to more than {cap} bytes ({lim.max_ratio}x its size of "
+                    f"{self.size}, at most {lim.max_bytes}): a decompression bomb?"
+                )
+            if plen > size + (size >> 7) + (1 << 17):  # beyond zstd's worst-case expansion
+                raise _damaged(f"entry {name} is larger than its content could compress to")
+            offset = self.pos
+            payload = self.take(plen)
+            if hashlib.sha256(payload).digest() != sha:
+                raise _damaged(f"entry {kind.decode()} {name} does not match its digest")
+            content = decode_payload(codec, size, payload, f"entry {kind.decode()} {name}")
+            self._keep(kind, name, codec, size, offset, payload, sha, content)
+            if self.progress is not None:
+                self.progress(count, total)
+
+    def _name(self, kind: bytes, raw: bytes, count: int) -> str:
+        if kind not in (MANIFEST, RECORD, LOG, TREE, BLOB, CHUNKS):
+            raise _refused(f"unknown entry kind {kind!r}")
+        if (count == 1) != (kind == MANIFEST):
+            raise _damaged("the manifest must be the first entry, and only that")
+        try:
+            name = raw.decode("ascii")
+        except UnicodeDecodeError:
+            raise _refused(f"entry name {raw[:80]!r} is not ASCII") from None
+        ok = (
+            name == "manifest"
+            if kind == MANIFEST
+            else _IDENT.fullmatch(name) is not None
+            if kind in (RECORD, LOG)
+            else _HEX.fullmatch(name) is not None
+        )
+        if not ok:
+            raise _refused(f"invalid entry name {name[:80]!r} for kind {kind.decode()}")
+        return name
+
+    def _hold(self, n: int) -> None:
+        self.meta_bytes += n
+        if self.meta_bytes > self.limits.max_meta:
+            raise _refused(f"its records, logs and trees exceed {self.limits.max_meta} bytes")
+
+    def _keep(
+        self,
+        kind: bytes,
+        name: str,
+        codec: int,
+        size: int,
+        offset: int,
+        payload: bytes,
+        sha: bytes,
+        content: bytes,
+    ) -> None:
+        b, c = self.bundle, self.bundle.contents
+        try:
+            if kind == MANIFEST:
+                c.manifest = _manifest_dec.decode(content)
+            elif kind == RECORD:
+                if name in c.records:
+                    raise _refused(f"duplicate entry for checkpoint {name}")
+                self._hold(size)
+                c.records[name] = _record_dec.decode(content)
+            elif kind == LOG:
+                if name in c.logs:
+                    raise _refused(f"duplicate entry for log {name}")
+                self._hold(size)
+                c.logs[name] = _log_dec.decode(content)
+            else:
+                digest = bytes.fromhex(name)
+                if digest in c.trees or digest in c.blobs or digest in c.lists:
+                    raise _refused(f"duplicate entry for {name[:16]}")
+                if kind == CHUNKS:
+                    self._hold(size)
+                    c.lists[digest] = content
+                    return
+                if hashlib.sha256(content).digest() != digest:
+                    raise _damaged(f"content of {name[:16]} does not match its digest")
+                if kind == TREE:
+                    self._hold(size)
+                    c.trees[digest] = content
+                else:
+                    c.blobs[digest] = size
+                b.slots[digest] = _Slot(kind, codec, size, offset, len(payload), sha)
+                if self.cache_bytes + len(payload) <= self.limits.cache_bytes:
+                    self.cache_bytes += len(payload)
+                    b._cache[digest] = payload
+        except msgspec.DecodeError as exc:
+            raise _damaged(f"entry {kind.decode()} {name} is malformed: {exc}") from None
+
+
+# -- export ------------------------------------------------------------------------------------
+@dataclass
+class ExportReport:
+    path: str
+    session: str
+    scope: str
+    checkpoints: int
+    logs: int
+    objects: int
+    """Trees, blobs and chunk lists."""
+    bytes: int
+    """Decompressed bytes of every entry."""
+    size: int
+    """Bytes of the file."""
+    digest: str
+    heads: dict[str, str]
+
+    def to_dict(self) -> dict[str, Any]:
+        return dict(vars(self))
+
+
+def export_bundle(
+    store: Store,
+    dest: str | os.PathLike[str],
+    *,
+    session: str,
+    checkpoint: str | None = None,
+    overwrite: bool = False,
+    progress: Callable[[int, int], None] | None = None,
+) -> ExportReport:
+    """Write a session (or one checkpoint, with its ancestors) to ``dest``.
+
+    Everything written is read back from the store verified, and the bundle is checked by the
+    same rules as an import before it is renamed into place, so a bundle that exists imports.
+    """
+    path = Path(dest)
+    if path.exists() and not overwrite:
+        raise UsageError(f"{path} exists; choose another name or pass --overwrite")
+    ex = _Exporter(store, session, progress)
+    rows = ex.select(checkpoint)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.parent / f"{TMP_MARK}{path.name}.{os.getpid()}"
+    try:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+        with os.fdopen(fd, "wb", buffering=1 << 20) as f:
+            digest = ex.write(f, rows, checkpoint)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+    fsync_dir(path.parent)
+    m = ex.contents.manifest
+    assert m is not None
+    return ExportReport(
+        str(path),
+        session,
+        m.scope,
+        len(ex.contents.records),
+        len(ex.contents.logs),
+        len(ex.done),
+        ex.writer_bytes,
+        path.stat().st_size,
+        digest.hex(),
+        dict(m.heads),
+    )
+
+
+class _Exporter:
+    def __init__(
+        self, store: Store, session: str, progress: Callable[[int, int], None] | None
+    ) -> None:
+        self.store = store
+        self.blobs: Blobs = store.blobs
+        self.session = session
+        self.progress = progress
+        self.contents = _Contents()
+        self.done: set[bytes] = set()
+        self.parsed: dict[bytes, list[TreeEntry]] = {}
+        self.writer_bytes = 0
+        self._w: BundleWriter | None = None
+
+    def select(self, checkpoint: str | None) -> list[CheckpointRow]:
+        """The records to export, each verified with its parent link; parents first."""
+        meta = self.store.meta
+        if checkpoint is None:
+            rows = {r.id: r for r in meta.list_checkpoints(self.session)}
+            if not rows:
+                raise NotFoundError(f"session {self.session!r} has no checkpoints")
+        else:
+            row = meta.get_checkpoint(checkpoint)
+            if row is None or row.session != self.session:
+                raise NotFoundError(f"no checkpoint {checkpoint} in session {self.session!r}")
+            rows = {row.id: row}
+        out: dict[str, CheckpointRow] = {}
+        pending = sorted(rows)
+        while pending:
+            ident = pending.pop()
+            if ident in out:
+                continue
+            row2 = rows.get(ident) or meta.get_checkpoint(ident)
+            if row2 is None:
+                raise IntegrityError(f"checkpoint {ident} is missing", checkpoint=ident)
+            cp = self.store.open_row(row2)
+            if cp.parent is not None:
+                prow = rows.get(cp.parent) or meta.get_checkpoint(cp.parent)
+                if prow is None or prow.digest != cp.parent_digest:
+                    what = "is missing" if prow is None else "was altered"
+                    raise IntegrityError(
+                        f"checkpoint {cp.id} is broken: its parent {cp.parent} {what}",
+                        checkpoint=cp.id,
+                    )
+                rows.setdefault(prow.id, prow)
+                pending.append(prow.id)
+            out[ident] = row2
+        return [out[i] for i in sorted(out)]
+
+    def write(self, f: BinaryIO, rows: list[CheckpointRow], checkpoint: str | None) -> bytes:
+        from . import __version__
+
+        c, meta = self.contents, self.store.meta
+        cps = [self.store.open_row(r) for r in rows]
+        ids = {cp.id for cp in cps}
+        pruned = {i: at for i, at in meta.pruned(self.session).items() if i in ids}
+        if checkpoint is None:
+            heads = {b: h for b, h in meta.branches(self.session).items() if h in ids}
+            selected = sorted(ids - pruned.keys())
+        else:
+            target = next(cp for cp in cps if cp.id == checkpoint)
+            heads, selected = {target.branch: target.id}, [target.id]
+        if pruned.keys() & {*heads.values(), *selected}:
+            raise UsageError(
+                "a checkpoint to export was pruned by retention: its contents may be gone"
+            )
+        self._warn_live_runs(heads, {cp.id: cp for cp in cps})
+        labels = {i: label for i, label in meta.labels(self.session).items() if i in ids}
+        c.manifest = Manifest(
+            format=FORMAT,
+            version=VERSION,
+            session=self.session,
+            scope="session" if checkpoint is None else "checkpoint",
+            checkpoints=selected,
+            heads=heads,
+            labels=labels,
+            pruned=pruned,
+            keyed=self.store.hasher.keyed,
+            source_store=self.store.id,
+            created_at=utc_now_iso(),
+            stashpoint=__version__,
+        )
+        cps_full = [cp for cp in cps if cp.id not in pruned]
+        w = self._w = BundleWriter(f)
+        w.add(MANIFEST, "manifest", msgspec.json.encode(c.manifest))
+        for row, cp in zip(rows, cps, strict=True):
+            rec = RecordEntry(row.digest, row.body)
+            c.records[cp.id] = rec
+            w.add(RECORD, cp.id, _msgpack.encode(rec))
+        for name, entry in self._logs(cps_full).items():
+            c.logs[name] = entry
+            w.add(LOG, name, _msgpack.encode(entry))
+        for cp in cps_full:
+            for hexd in cp.state.values.values():
+                self._blob(bytes.fromhex(hexd))
+            if cp.workspace is not None:
+                self._tree(bytes.fromhex(cp.workspace.tree))
+        _Checker(c, self.store.hasher, Limits(), self.parsed).run()  # import would accept it
+        self.writer_bytes = w.bytes
+        return w.finish()
+
+    def _warn_live_runs(self, heads: dict[str, str], cps: dict[str, Checkpoint]) -> None:
+        """A durable run's journal entries after its branch's last checkpoint live in this
+        store only (its run record); a run resumed from the bundle would execute those steps
+        again, so say so."""
+        import json
+        import warnings
+
+        from .durable import record_applies, run_key
+        from .session import StashpointWarning
+
+        meta = self.store.meta
+        for branch, head in heads.items():
+            raw = meta.get_meta(run_key(self.session, branch))
+            record = json.loads(raw) if raw else None
+            if not isinstance(record, dict) or not record_applies(record, cps[head]):
+                continue
+            info = meta.log_info(str(record["log"]))
+            tail = info.length if info is not None else int(record.get("parent_len") or 0)
+            journal = cps[head].journal
+            extra = tail - (journal.length if journal is not None else 0)
+            if extra > 0:
+                warnings.warn(
+                    f"branch {branch!r} has a live durable run with {extra} journal entries "
+                    "after its last checkpoint; the bundle carries checkpoints only, so a run "
+                    "resumed from it repeats those steps (checkpoint first to include them)",
+                    StashpointWarning,
+                    stacklevel=4,
+                )
+
+    def _logs(self, cps: list[Checkpoint]) -> dict[str, LogEntry]:
+        """Every log the records refer to, up to the longest reference, with its fork parents
+        up to their fork points; parents first."""
+        meta = self.store.meta
+        need: dict[str, int] = {}
+        infos: dict[str, LogInfo] = {}
+        work = [(ref.log, ref.length) for cp in cps for ref in log_refs(cp)]
+        while work:
+            log, n = work.pop()
+            if need.get(log, -1) >= n:
+                continue
+            need[log] = n
+            info = infos.get(log) or meta.log_info(log)
+            if info is None:
+                raise IntegrityError(f"log {log} is missing")
+            infos[log] = info
+            if info.parent is not None:
+                work.append((info.parent, info.parent_len))
+        out: dict[str, LogEntry] = {}
+
+        def add(log: str) -> None:
+            if log in out:
+                return
+            info = infos[log]
+            if info.parent is not None:
+                add(info.parent)
+            start = info.parent_len if info.parent is not None else 0
+            rows = meta.read_messages(log, start, need[log]) if need[log] > start else []
+            if any(r.idx != start + i for i, r in enumerate(rows)) or len(rows) != max(
+                0, need[log] - start
+            ):
+                raise IntegrityError(f"log {log} has missing entries")
+            out[log] = LogEntry(
+                info.session, info.parent, info.parent_len, [(r.chain, r.data) for r in rows]
+            )
+
+        for log in sorted(need):
+            add(log)
+        return out
+
+    def _raw(
+        self, digest: bytes, row: tuple[int, int, bytes] | None = None
+    ) -> tuple[int, int, bytes, bytes]:
+        """(bundle codec, size, payload, content) of a stored blob, verified. Reaches into
+        :class:`Blobs` for the stored frame, so that it is copied, not re-compressed."""
+        codec, size, data = row or self.blobs._fetch(digest)
+        if codec == BlobCodec.PACKED:
+            codec, data = self.blobs._unpack(digest, data)
+        content = self.blobs._decode(digest, codec, size, data)
+        if codec == BlobCodec.ZSTD and zstandard.frame_content_size(data) == size:
+            return ZSTD, size, data, content
+        return RAW, size, content, content
+
+    def _put(self, kind: bytes, digest: bytes, codec: int, size: int, payload: bytes) -> None:
+        assert self._w is not None
+        self._w.add_payload(kind, digest.hex(), codec, size, payload)
+        self.done.add(digest)
+        if self.progress is not None:
+            self.progress(self._w.entries, self._w.bytes)
+
+    def _tree(self, digest: bytes) -> None:
+        if digest in self.done:
+            return
+        codec, size, payload, content = self._raw(digest)
+        self._put(TREE, digest, codec, size, payload)
+        self.contents.trees[digest] = content
+        entries = self.parsed[digest] = parse_tree(digest, content)
+        for e in entries:
+            if e.kind == "d":
+                self._tree(e.ref)
+            elif e.kind == "f":
+                self._blob(e.ref)
+
+    def _blob(self, digest: bytes) -> None:
+        if digest in self.done:
+            return
+        row = self.blobs._fetch(digest)
+        codec, size, data = row
+        if codec != BlobCodec.CHUNKS:
+            codec, size, payload, _content = self._raw(digest, row)
+            self._put(BLOB, digest, codec, size, payload)
+            self.contents.blobs[digest] = size
+            return
+        if not data or len(data) % 32:
+            raise IntegrityError(f"blob {digest.hex()} is corrupt: bad chunk list")
+        whole, total = hashlib.sha256(), 0
+        for i in range(0, len(data), 32):
+            chunk = data[i : i + 32]
+            ccodec, csize, payload, content = self._raw(chunk)
+            whole.update(content)
+            total += csize
+            if chunk not in self.done:
+                self._put(BLOB, chunk, ccodec, csize, payload)
+                self.contents.blobs[chunk] = csize
+        if whole.digest() != digest or total != size:
+            raise IntegrityError(f"blob {digest.hex()} is corrupt: chunks do not match digest")
+        assert self._w is not None
+        self._w.add(CHUNKS, digest.hex(), data)
+        self.done.add(digest)
+        self.contents.lists[digest] = data
+
+
+# -- import ------------------------------------------------------------------------------------
+@dataclass
+class ImportReport:
+    session: str
+    digest: str
+    checkpoints: int = 0
+    """Records written."""
+    present: int = 0
+    """Records the store already had (same id, same digest): skipped."""
+    logs: int = 0
+    """Logs created or extended."""
+    objects: int = 0
+    """Trees, blobs and chunk lists written."""
+    objects_present: int = 0
+    bytes: int = 0
+    """Bytes of content written."""
+    pruned: int = 0
+    """Records marked pruned, as they were in the source (imported without contents)."""
+    heads: dict[str, dict[str, str | None]] = field(default_factory=dict)
+    """Branch -> {"head": id, "action": created | fast-forward | unchanged | kept}."""
+    ids: dict[str, str] = field(default_factory=dict)
+    """Id in the bundle -> id in the store (they differ only when imported ``as_session``)."""
+    dry_run: bool = False
+
+    def to_dict(self) -> dict[str, Any]:
+        return dict(vars(self))
+
+
+@dataclass
+class _LogPlan:
+    log: str
+    start: int
+    rows: list[tuple[bytes, bytes]]
+    new: LogInfo | None
+
+
+def import_bundle(
+    store: Store,
+    bundle: Bundle,
+    *,
+    as_session: str | None = None,
+    dry_run: bool = False,
+    progress: Callable[[int, int], None] | None = None,
+) -> ImportReport:
+    """Import a checked bundle; every check against the store happens before the first write.
+
+    Records whose id the store has with the same digest are skipped; another digest refuses the
+    bundle. A branch is created, fast-forwarded, or left where it is when the store is ahead; a
+    branch whose history diverged refuses the bundle - import it ``as_session`` (records are
+    then re-sealed into that new session with new ids, each naming its origin in ``meta``).
+
+    Writes go blobs -> logs -> records -> heads, so a crash leaves only unreferenced rows that
+    a rerun skips or completes. Another writer moving a branch meanwhile, or a GC condemning
+    blobs after they were found present (the ``gc_epoch`` fence), is a ConflictError.
+    """
+    checked = bundle.checked
+    if checked is None:
+        raise UsageError("import_bundle needs a bundle from read_bundle")
+    m = bundle.manifest
+    if m.keyed != store.hasher.keyed:
+        raise _refused("it was checked under another key than this store's")
+    session = as_session or m.session
+    _check_text("session name", session)
+    report = ImportReport(session, bundle.digest, dry_run=dry_run)
+    meta = store.meta
+    records = [(store.hasher.open(cp.id, rec.body, rec.digest), rec) for cp, rec in checked.records]
+    if as_session is not None:
+        if meta.branches(session) or meta.list_checkpoints(session, limit=1):
+            raise UsageError(f"session {session!r} exists in this store; --as needs a new name")
+        log_ids = {name: new_id() for name in checked.logs}
+        rows, report.ids = _reseal(store, records, session, log_ids, bundle.digest)
+        new_rows = rows
+    else:
+        log_ids = {name: name for name in checked.logs}
+        rows = [
+            CheckpointRow(cp.id, cp.session, cp.branch, cp.parent, rec.body, rec.digest)
+            for cp, rec in records
+        ]
+        new_rows = []
+        for row in rows:
+            existing = meta.get_checkpoint(row.id)
+            if existing is None:
+                new_rows.append(row)
+            elif existing.digest != row.digest:
+                raise _refused(
+                    f"checkpoint {row.id} exists in this store with other contents; "
+                    "refusing to overwrite it"
+                )
+            else:
+                report.present += 1
+        report.ids = {row.id: row.id for row in rows}
+    logs = _plan_logs(store, bundle, checked.logs, log_ids, session)
+    parents = {cp.id: cp.parent for cp, _rec in records}
+    heads: list[tuple[str, str, str | None]] = []
+    for branch, head in sorted(m.heads.items()):
+        action, current = _head_action(store, session, branch, head, parents)
+        target = report.ids[head]
+        report.heads[branch] = {"head": target, "action": action}
+        if action in ("created", "fast-forward"):
+            heads.append((branch, target, current))
+    fresh = {row.id for row in new_rows}
+    labels = {report.ids[i]: label for i, label in m.labels.items() if report.ids[i] in fresh}
+    digests = [*bundle.slots, *checked.list_sizes]
+    epoch = meta.get_meta(GC_EPOCH_KEY) or "0"  # read before relying on which blobs exist
+    # Only chunks live as files: asking the blob directory about small blobs costs a stat each.
+    have = store.blobs.has(checked.chunks) | meta.has_blobs(
+        d for d in digests if d not in checked.chunks
+    )
+    report.objects_present = len(have)
+    report.checkpoints, report.logs = len(new_rows), len(logs)
+    if dry_run:
+        report.objects = len(digests) - len(have)
+        return report
+    _write_objects(store, bundle, checked, have, report, progress)
+    for plan in logs:
+        meta.append_log(LogAppend(plan.log, plan.start, plan.rows, plan.new))
+    try:
+        for row in new_rows:
+            meta.commit(Commit(row, None, move_head=False, gc_epoch=epoch))
+    except GcEpochChanged:
+        raise ConflictError(
+            "a garbage collection began during the import; run it again (what was written "
+            "is kept and skipped)"
+        ) from None
+    for branch, target, current in heads:
+        meta.set_head(session, branch, target, current)
+    for ident, label in labels.items():
+        meta.set_label(ident, session, label)
+    # Marks after their records (a mark needs its record): a crash between leaves one unmarked.
+    by_time: dict[str, list[str]] = {}
+    for ident, when in m.pruned.items():
+        if report.ids[ident] in fresh:
+            by_time.setdefault(when, []).append(report.ids[ident])
+    for when, idents in sorted(by_time.items()):
+        report.pruned += len(meta.mark_pruned(session, idents, when))
+    return report
+
+
+def _reseal(
+    store: Store,
+    records: list[tuple[Checkpoint, RecordEntry]],
+    session: str,
+    log_ids: dict[str, str],
+    bundle_digest: str,
+) -> tuple[list[CheckpointRow], dict[str, str]]:
+    """The records as a new session: new ids, new log ids, the chain sealed again here."""
+    ids: dict[str, str] = {}
+    digests: dict[str, str] = {}
+    rows = []
+    for cp, rec in records:
+        ids[cp.id] = new_id()
+        parent = ids[cp.parent] if cp.parent is not None else None
+        origin = {"id": cp.id, "digest": rec.digest, "session": cp.session, "bundle": bundle_digest}
+        new = msgspec.structs.replace(
+            _remap_logs(cp, log_ids.__getitem__),
+            id=ids[cp.id],
+            session=session,
+            parent=parent,
+            parent_digest=digests[cp.parent] if cp.parent is not None else None,
+            meta={**cp.meta, "stashpoint_import": origin},
+            digest="",
+        )
+        sealed, body = store.hasher.seal(new)
+        digests[cp.id] = sealed.digest
+        rows.append(CheckpointRow(sealed.id, session, sealed.branch, parent, body, sealed.digest))
+    return rows, ids
+
+
+def _plan_logs(
+    store: Store, bundle: Bundle, order: list[str], log_ids: dict[str, str], session: str
+) -> list[_LogPlan]:
+    """What to append to each log; a log here that disagrees with the bundle refuses it."""
+    meta = store.meta
+    plans = []
+    for name in order:
+        entry = bundle.contents.logs[name]
+        target = log_ids[name]
+        parent = log_ids[entry.parent] if entry.parent is not None else None
+        start = entry.start
+        info = meta.log_info(target)
+        if info is None:
+            new = LogInfo(session, parent, entry.parent_len, entry.parent_len)
+            plans.append(_LogPlan(target, start, entry.rows, new))
+            continue
+        if (info.session, info.parent, info.parent_len) != (session, parent, entry.parent_len):
+            raise _refused(f"log {target} exists in this store with another origin")
+        overlap = min(info.length, start + len(entry.rows))
+        have = meta.read_messages(target, start, overlap) if overlap > start else []
+        if [(r.chain, r.data) for r in have] != entry.rows[: overlap - start]:
+            raise _refused(f"log {target} exists in this store with other entries")
+        if start + len(entry.rows) > info.length:
+            plans.append(_LogPlan(target, info.length, entry.rows[info.length - start :], None))
+    return plans
+
+
+def _head_action(
+    store: Store, session: str, branch: str, head: str, parents: dict[str, str | None]
+) -> tuple[str, str | None]:
+    current = store.meta.get_head(session, branch)
+    if current is None:
+        return "created", None
+    if current == head:
+        return "unchanged", current
+    node: str | None = head
+    while node is not None:
+        if node == current:
+            return "fast-forward", current
+        node = parents.get(node)
+    node, steps = current, 0
+    while node is not None and steps < 10_000_000:
+        if node == head:
+            return "kept", current  # the store is ahead of the bundle on this branch
+        row = store.meta.get_checkpoint(node)
+        node, steps = (row.parent if row else None), steps + 1
+    raise UsageError(
+        f"branch {branch!r} of session {session!r} has another history here (head {current}) "
+        f"than in the bundle (head {head}); import it as a new session with --as NAME"
+    )
+
+
+def _write_objects(
+    store: Store,
+    bundle: Bundle,
+    checked: _Checked,
+    have: set[bytes],
+    report: ImportReport,
+    progress: Callable[[int, int], None] | None,
+) -> None:
+    """Blobs, in file order, as they are in the bundle (zstd frames stay compressed); chunks
+    before the chunk lists that name them."""
+    blobs = store.blobs
+    local = blobs.local
+    batch: list[BlobRow] = []
+    batch_bytes = 0
+
+    def flush() -> None:
+        nonlocal batch, batch_bytes
+        if batch:
+            store.meta.put_blobs(blobs.pack(batch))
+        batch, batch_bytes = [], 0
+
+    for digest, slot in sorted(bundle.slots.items(), key=lambda kv: kv[1].offset):
+        if digest in have:
+            continue
+        codec = BlobCodec.ZSTD if slot.codec == ZSTD else BlobCodec.RAW
+        payload = bundle.payload(digest)
+        if digest in checked.chunks and local is not None:
+            local.put(digest, codec, slot.size, payload)
+        else:
+            batch.append(BlobRow(digest, codec, slot.size, payload))
+            batch_bytes += len(payload)
+            if batch_bytes >= _BATCH_BYTES:
+                flush()
+        report.objects += 1
+        report.bytes += slot.size
+        if progress is not None:
+            progress(report.objects, report.bytes)
+    flush()
+    lists = [
+        BlobRow(d, BlobCodec.CHUNKS, size, bundle.contents.lists[d])
+        for d, size in checked.list_sizes.items()
+        if d not in have
+    ]
+    if lists:
+        store.meta.put_blobs(lists)
+        report.objects += len(lists)

@@ -1,0 +1,1451 @@
+"""LangGraph: a checkpoint saver on any stashpoint store (SPEC C18).
+
+    from stashpoint.integrations.langgraph import StashpointSaver
+
+    saver = StashpointSaver(".stashpoint", workspace="repo/", restore_on_time_travel=True)
+    graph = builder.compile(checkpointer=saver)
+    config = {"configurable": {"thread_id": "ticket-42"}}
+    graph.invoke(inputs, config, durability="sync")
+    saver.restore_files(past.config)           # time travel: repo/ as it was there
+    graph.invoke(None, past.config, durability="sync")
+
+How LangGraph's model maps onto stashpoint's:
+
+- **Thread -> session.** LangGraph thread ``T`` is the stashpoint session ``lg:T``. Every
+  ``put`` is one stashpoint checkpoint (kind ``auto``) sealed into that session's hash chain,
+  with the files of the workspace directory when the saver has one (root namespace only).
+  The record's ``meta["langgraph"]`` names the LangGraph checkpoint (id, parent, namespace);
+  versions, ``versions_seen``, metadata and the parent's writes are the state value
+  ``langgraph`` (``stashpoint show`` prints them).
+- **Parents -> branches.** A namespace's history is branch ``main`` (subgraph namespace ``N``:
+  ``ns:N``). A put whose parent is the head of its branch extends it; a put from an older
+  checkpoint (time travel, ``update_state`` on the past) starts branch
+  ``<base>@<checkpoint id>`` at the parent's record. ``stashpoint --session lg:T log --graph``
+  draws LangGraph's own tree; ``stashpoint diff`` compares any two LangGraph checkpoints.
+- **Messages -> conversation.** The ``messages`` channel (``conversation_channel``) is the
+  stashpoint conversation: an append-only log shared by a line of history, one entry per
+  message, so a step that adds k messages stores O(k) bytes, not the whole list again
+  (LangGraph's SQLite saver re-stores it at every step). Other channels are state values,
+  content-addressed: a channel that did not change costs nothing. Every value goes through
+  the saver's ``serde`` (LangGraph's serializer, encryption included); the bytes are stored
+  zstd-compressed with a fixed dictionary of LangChain's message envelope.
+- **Pending writes.** ``put_writes`` is durable at once, in one store-level key per thread
+  (``langgraph:pending:<session>``, with a MAC from the store's hasher: keyed when the store
+  is), with LangGraph's rules (special channels replace, others keep the first write). When
+  the next checkpoint of that line is put, the writes move into it; a write that is the very
+  messages the new checkpoint appended is kept as a reference to them, so a step's messages
+  are stored once, not twice.
+- **Deleting.** stashpoint records are never removed (their digests chain). ``delete_thread``,
+  ``delete_for_runs`` and ``prune`` hide checkpoints from LangGraph and mark their records
+  pruned, so ``stashpoint gc`` frees what only they used; a branch whose head goes first gets
+  an empty ``langgraph: removed`` checkpoint as its head (heads are never pruned).
+  ``stashpoint verify`` keeps passing. ``copy_thread`` copies checkpoints and writes, not
+  workspace snapshots. Retention (``stashpoint prune``) hides what it prunes the same way.
+- **Files.** With ``workspace=``, each root-namespace checkpoint snapshots that directory;
+  run graphs with ``durability="sync"`` (LangGraph's default saves a checkpoint while the next
+  step already runs, so its snapshot could hold that step's changes: the saver warns). A
+  replay's first checkpoint (``source: fork``) is a copy of its parent, files included.
+  :meth:`StashpointSaver.restore_files` puts back the files of any checkpoint, after a safety
+  checkpoint of what is there now (branch ``langgraph-files``): call it before a replay,
+  ``graph.invoke(None, past_config)``, since LangGraph starts the replay's first node while it
+  saves. With ``restore_on_time_travel=True``, the saves that start a new line from a past
+  checkpoint before any node runs (a new input there, ``update_state`` there) first rewind the
+  files to that checkpoint's, on the new branch (undoable like any rewind). Reading never
+  touches files.
+
+Reads verify every record and chain link they use and every message against its running
+hash. Tuples from one ``list`` call share the decoded values and messages common to several
+checkpoints (decoded once, not once per checkpoint): treat them as read-only. Like the
+stashpoint engine, the saver treats messages as immutable once checkpointed (LangGraph's
+reducers replace messages rather than edit them).
+
+One process should write a thread at a time (LangGraph's own model): records are protected
+by the store's compare-and-set, the pending-writes key by a re-read before each update.
+
+Needs ``pip install 'stashpoint[langgraph]'``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import builtins
+import json
+import os
+import threading
+import warnings
+from collections import OrderedDict
+from collections.abc import AsyncIterator, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple, cast
+
+import msgspec
+import zstandard
+
+from . import MissingExtraError
+
+try:
+    from langchain_core.runnables import RunnableConfig
+    from langgraph.checkpoint.base import (
+        WRITES_IDX_MAP,
+        BaseCheckpointSaver,
+        ChannelVersions,
+        CheckpointMetadata,
+        CheckpointTuple,
+        PendingWrite,
+        get_checkpoint_id,
+        get_serializable_checkpoint_metadata,
+    )
+    from langgraph.checkpoint.base import Checkpoint as LGCheckpoint
+    from langgraph.checkpoint.serde.base import SerializerProtocol
+except ImportError as exc:
+    raise MissingExtraError(
+        "stashpoint.integrations.langgraph needs LangGraph: pip install 'stashpoint[langgraph]'"
+    ) from exc
+
+from .. import serde
+from .._store import Store, open_store
+from ..errors import IntegrityError, SerializationError, UsageError
+from ..integrity import EMPTY_CHAIN, message_chain
+from ..model import Checkpoint, LogRef, utc_now_iso
+from ..session import RewindResult, Session, StashpointWarning
+from ..stores.base import MetadataStore
+
+__all__ = ["FILES_BRANCH", "StashpointSaver"]
+
+FILES_BRANCH = "langgraph-files"
+"""Branch where :meth:`StashpointSaver.restore_files` records its safety and rewind
+checkpoints (outside LangGraph's lines of history)."""
+_META = "langgraph"  # record meta key: {"id", "p", "ns"} of a put, {"removed": why} otherwise
+_DETAILS = "langgraph"  # state key of a put's LangGraph fields
+_CONV_KEY = "messages"  # the stashpoint session's conversation key
+_DURABILITY = "__pregel_durability"  # where LangGraph's configurable says how it saves
+_VALUE = "ch:"  # state key prefix of a channel value
+_KNOWN = frozenset(
+    ("v", "id", "ts", "channel_values", "channel_versions", "versions_seen", "updated_channels")
+)
+_MAX_PAYLOAD = 512 * 1024 * 1024
+_ZSTD_MIN = 64
+_INLINE_MAX = 64  # channel values up to this many packed bytes live in the details value
+_KEEP_BRANCHES = 8  # engine objects and encoded states kept per thread
+
+# Bytes of LangChain messages as LangGraph's serializer writes them, without content: a zstd
+# "raw content" dictionary, so each message's envelope (module, class and field names)
+# compresses to a few references. Stored data depends on it: never change it; a new
+# dictionary needs a new flag in _pack.
+_DICTIONARY_V1 = base64.b64decode(
+    "x60FlL5sYW5nY2hhaW5fY29yZS5tZXNzYWdlcy5zeXN0ZW2tU3lzdGVtTWVzc2FnZYanY29udGVudKCxYWRkaXRp"
+    "b25hbF9rd2FyZ3OAsXJlc3BvbnNlX21ldGFkYXRhgKR0eXBlpnN5c3RlbaRuYW1lwKJpZNkkMDAwMDAwMDAtMDAw"
+    "MC0wMDAwLTAwMDAtMDAwMDAwMDAwMDAws21vZGVsX3ZhbGlkYXRlX2pzb27HqgWUvWxhbmdjaGFpbl9jb3JlLm1l"
+    "c3NhZ2VzLmh1bWFurEh1bWFuTWVzc2FnZYanY29udGVudKCxYWRkaXRpb25hbF9rd2FyZ3OAsXJlc3BvbnNlX21l"
+    "dGFkYXRhgKR0eXBlpWh1bWFupG5hbWXAomlk2SQwMDAwMDAwMC0wMDAwLTAwMDAtMDAwMC0wMDAwMDAwMDAwMDCz"
+    "bW9kZWxfdmFsaWRhdGVfanNvbsfzBZS8bGFuZ2NoYWluX2NvcmUubWVzc2FnZXMudG9vbKtUb29sTWVzc2FnZYmn"
+    "Y29udGVudKCxYWRkaXRpb25hbF9rd2FyZ3OAsXJlc3BvbnNlX21ldGFkYXRhgKR0eXBlpHRvb2ykbmFtZcCiaWTZ"
+    "JDAwMDAwMDAwLTAwMDAtMDAwMC0wMDAwLTAwMDAwMDAwMDAwMKx0b29sX2NhbGxfaWTZJDAwMDAwMDAwLTAwMDAt"
+    "MDAwMC0wMDAwLTAwMDAwMDAwMDAwMKhhcnRpZmFjdMCmc3RhdHVzp3N1Y2Nlc3OzbW9kZWxfdmFsaWRhdGVfanNv"
+    "bsgBawWUumxhbmdjaGFpbl9jb3JlLm1lc3NhZ2VzLmFpqUFJTWVzc2FnZYmnY29udGVudKCxYWRkaXRpb25hbF9r"
+    "d2FyZ3OAsXJlc3BvbnNlX21ldGFkYXRhgqptb2RlbF9uYW1loK1maW5pc2hfcmVhc29upHN0b3CkdHlwZaJhaaRu"
+    "YW1lwKJpZNkkMDAwMDAwMDAtMDAwMC0wMDAwLTAwMDAtMDAwMDAwMDAwMDAwqnRvb2xfY2FsbHORhKRuYW1lpHRv"
+    "b2ykYXJnc4GlcXVlcnmgomlk2SQwMDAwMDAwMC0wMDAwLTAwMDAtMDAwMC0wMDAwMDAwMDAwMDCkdHlwZal0b29s"
+    "X2NhbGyyaW52YWxpZF90b29sX2NhbGxzkK51c2FnZV9tZXRhZGF0YYOsaW5wdXRfdG9rZW5zAa1vdXRwdXRfdG9r"
+    "ZW5zAax0b3RhbF90b2tlbnMCs21vZGVsX3ZhbGlkYXRlX2pzb27H0QWUumxhbmdjaGFpbl9jb3JlLm1lc3NhZ2Vz"
+    "LmFpqUFJTWVzc2FnZYmnY29udGVudKCxYWRkaXRpb25hbF9rd2FyZ3OAsXJlc3BvbnNlX21ldGFkYXRhgKR0eXBl"
+    "omFppG5hbWXAomlk2SQwMDAwMDAwMC0wMDAwLTAwMDAtMDAwMC0wMDAwMDAwMDAwMDCqdG9vbF9jYWxsc5CyaW52"
+    "YWxpZF90b29sX2NhbGxzkK51c2FnZV9tZXRhZGF0YcCzbW9kZWxfdmFsaWRhdGVfanNvbg=="
+)
+_ZDICT = zstandard.ZstdCompressionDict(_DICTIONARY_V1, dict_type=zstandard.DICT_TYPE_RAWCONTENT)
+_codecs = threading.local()
+_json = msgspec.json.Decoder()
+_json_out = msgspec.json.Encoder()
+
+
+def _compressor() -> zstandard.ZstdCompressor:
+    c: zstandard.ZstdCompressor | None = getattr(_codecs, "c", None)
+    if c is None:
+        c = _codecs.c = zstandard.ZstdCompressor(level=3, dict_data=_ZDICT, write_dict_id=False)
+    return c
+
+
+def _decompressor() -> zstandard.ZstdDecompressor:
+    d: zstandard.ZstdDecompressor | None = getattr(_codecs, "d", None)
+    if d is None:
+        d = _codecs.d = zstandard.ZstdDecompressor(dict_data=_ZDICT)
+    return d
+
+
+# -- payloads: LangGraph's (type, bytes), compact ---------------------------------------------
+
+
+def _pack(typed: tuple[str, bytes]) -> bytes:
+    """``flag, len(type), type, data``: data compressed (flag 1: zstd with the dictionary
+    above) when that saves 10 %, else as it is (flag 0)."""
+    type_, data = typed
+    name = type_.encode()
+    if len(name) > 255:
+        raise SerializationError(f"serializer type name too long: {type_[:40]!r}…")
+    flag, data = 0, bytes(data)
+    if len(data) >= _ZSTD_MIN:
+        small = _compressor().compress(data)
+        if len(small) <= len(data) * 0.9:
+            flag, data = 1, small
+    return bytes((flag, len(name))) + name + data
+
+
+def _unpack(blob: bytes) -> tuple[str, bytes]:
+    if len(blob) < 2 or blob[0] > 1 or len(blob) < 2 + blob[1]:
+        raise IntegrityError("malformed LangGraph value in the store")
+    n = blob[1]
+    type_, data = blob[2 : 2 + n].decode(), blob[2 + n :]
+    if blob[0] == 1:
+        size = zstandard.frame_content_size(data)
+        if size < 0 or size > _MAX_PAYLOAD:
+            raise IntegrityError("malformed compressed LangGraph value in the store")
+        data = _decompressor().decompress(data)
+    return type_, data
+
+
+def _text(packed: bytes) -> str:
+    """A packed payload as stored in state: base64 text (a JSON string, no tag around it)."""
+    return base64.b64encode(packed).decode("ascii")
+
+
+def _untext(value: Any, what: str) -> bytes:
+    if not isinstance(value, str):
+        raise IntegrityError(f"malformed {what} in the store")
+    try:
+        return base64.b64decode(value, validate=True)
+    except ValueError as exc:
+        raise IntegrityError(f"malformed {what} in the store") from exc
+
+
+# -- what the saver knows of a thread ---------------------------------------------------------
+
+
+class _When(NamedTuple):
+    """How LangGraph saves a checkpoint: its metadata ``source`` and the run's durability."""
+
+    source: str
+    durability: str | None
+
+    @property
+    def racing(self) -> bool:
+        """Saved while the next step may already run (LangGraph's default durability)."""
+        return self.source in ("input", "loop") and self.durability not in ("sync", "exit")
+
+
+class _Ref(NamedTuple):
+    """A write whose value is messages the holder record appended to its conversation."""
+
+    start: int
+    length: int
+    single: bool
+    """The write's value was one message, not a list."""
+
+
+_Value = bytes | builtins.list[bytes] | _Ref
+"""A packed value, a list of packed items (the value was a ``list``), or a reference."""
+
+
+class _Write(NamedTuple):
+    task: str
+    idx: int
+    channel: str
+    path: str
+    value: _Value
+    holder: str | None = None
+    """The record holding the write (None: the pending-writes key)."""
+
+
+_WriteKey = tuple[str, int]  # (task id, idx)
+_CpKey = tuple[str, str]  # (namespace, LangGraph checkpoint id)
+
+
+@dataclass
+class _Entry:
+    """One LangGraph checkpoint: its stashpoint record and, once read, its LangGraph fields."""
+
+    record: Checkpoint
+    ns: str
+    cpid: str
+    parent: str | None
+    targets: builtins.list[_CpKey] = field(default_factory=builtins.list)
+    """Checkpoints whose writes this record holds: its parent, and any whose writes came
+    after their child was saved (LangGraph saves writes and checkpoints concurrently)."""
+    details: dict[str, Any] | None = None
+    writes: builtins.list[tuple[_CpKey, _Write]] | None = None
+    """The writes this record holds, with the checkpoint each is for, once read."""
+
+    @property
+    def id(self) -> str:
+        return self.record.id
+
+
+@dataclass
+class _StateCache:
+    """Encoded state of one checkpoint, so that the next put encodes only what changed."""
+
+    of: str
+    """Record id whose state this is."""
+    conv_objs: builtins.list[Any] | None = None
+    conv_items: builtins.list[str] | None = None
+    """Messages as stored: base64 text of their packed bytes."""
+    values: dict[str, tuple[Any, Any, bytes]] = field(default_factory=dict)
+    """channel -> (version, object, packed)"""
+
+
+@dataclass
+class _Thread:
+    thread_id: str
+    session: str
+    lock: threading.RLock = field(default_factory=threading.RLock)
+    loaded: bool = False
+    heads: dict[str, str] = field(default_factory=dict)
+    entries: dict[_CpKey, _Entry] = field(default_factory=dict)
+    """Checkpoints LangGraph sees."""
+    records: dict[str, _Entry] = field(default_factory=dict)
+    """Every LangGraph checkpoint record of the session, seen or hidden, by record id."""
+    known: set[_CpKey] = field(default_factory=set)
+    holders: dict[_CpKey, builtins.list[_Entry]] = field(default_factory=dict)
+    """Seen checkpoints holding writes of a checkpoint (its children, mostly)."""
+    removed: set[str] = field(default_factory=set)
+    pending: dict[_CpKey, dict[_WriteKey, _Write]] = field(default_factory=dict)
+    pending_raw: str | None = None
+    branches: dict[str, Session] = field(default_factory=dict)
+    caches: dict[str, _StateCache] = field(default_factory=dict)
+    """branch -> encoded state of its head as this process last wrote it."""
+    last_read: _StateCache | None = None
+    restored: str | None = None
+    """Record whose files ``restore_files`` just put back (for the replay that follows)."""
+
+
+# -- reading records: verified, each stored thing decoded once per reader ---------------------
+
+
+class _View:
+    """Messages [0, n) of a log as one list, its fork parent's prefix included."""
+
+    __slots__ = ("base", "items", "objs", "own", "rows")
+
+    def __init__(self, base: str | None, own: int) -> None:
+        self.base, self.own = base, own
+        self.rows: builtins.list[tuple[bytes, bytes]] = []
+        self.items: builtins.list[str] = []
+        self.objs: builtins.list[Any] = []
+
+
+class _Reader:
+    def __init__(self, saver: StashpointSaver) -> None:
+        self.saver = saver
+        self.meta: MetadataStore = saver.store.meta
+        self.views: dict[str, _View] = {}
+        self.values: dict[str, Any] = {}
+        self.packed: dict[str, bytes] = {}
+
+    def _view(self, log: str, length: int) -> _View:
+        v = self.views.get(log)
+        if v is not None and len(v.rows) >= length:
+            return v
+        if v is None:
+            info = self.meta.log_info(log)
+            if info is None:
+                raise IntegrityError(f"conversation log {log} is missing")
+            own = info.parent_len if info.parent is not None else 0
+            v = _View(info.parent if own else None, own)
+            if v.base is not None:
+                v.rows = self._view(v.base, own).rows[:own]
+            self.views[log] = v
+        start = len(v.rows)
+        if length > start:
+            rows = self.meta.read_messages(log, start, length)
+            if len(rows) != length - start or any(r.idx != start + i for i, r in enumerate(rows)):
+                raise IntegrityError(f"conversation log {log} has missing messages")
+            chain = v.rows[-1][0].hex() if v.rows else EMPTY_CHAIN
+            for r in rows:
+                chain = message_chain(chain, r.data)
+                if bytes.fromhex(chain) != r.chain:
+                    raise IntegrityError(f"conversation log {log} is corrupt")
+                v.rows.append((r.chain, r.data))
+        return v
+
+    def _checked(self, conv: LogRef) -> _View:
+        v = self._view(conv.log, conv.length)
+        tip = v.rows[conv.length - 1][0].hex() if conv.length else EMPTY_CHAIN
+        if len(v.rows) < conv.length or tip != conv.hash:
+            raise IntegrityError(
+                f"conversation of length {conv.length} in log {conv.log} does not match its hash"
+            )
+        return v
+
+    def _items(self, log: str, v: _View, n: int) -> builtins.list[str]:
+        if len(v.items) < n:
+            if v.base is not None and len(v.items) < v.own:
+                upto = min(v.own, n)
+                base = self.views[v.base]
+                v.items.extend(self._items(v.base, base, upto)[len(v.items) : upto])
+            for _chain, data in v.rows[len(v.items) : n]:
+                item = serde.decode(data)
+                if not isinstance(item, str):
+                    raise IntegrityError(f"conversation log {log} holds a malformed message")
+                v.items.append(item)
+        return v.items
+
+    def _objs(self, log: str, v: _View, n: int) -> builtins.list[Any]:
+        if len(v.objs) < n:
+            if v.base is not None and len(v.objs) < v.own:
+                upto = min(v.own, n)
+                base = self.views[v.base]
+                v.objs.extend(self._objs(v.base, base, upto)[len(v.objs) : upto])
+            items = self._items(log, v, n)
+            loads = self.saver._loads
+            v.objs.extend(loads(_untext(item, "message")) for item in items[len(v.objs) : n])
+        return v.objs
+
+    def conv_items(self, conv: LogRef) -> builtins.list[str]:
+        return self._items(conv.log, self._checked(conv), conv.length)[: conv.length]
+
+    def conv_objects(self, conv: LogRef) -> builtins.list[Any]:
+        return self._objs(conv.log, self._checked(conv), conv.length)[: conv.length]
+
+    def packed_value(self, hexd: str) -> bytes:
+        got = self.packed.get(hexd)
+        if got is None:
+            raw = serde.decode(self.saver.store.blobs.read(bytes.fromhex(hexd)))
+            got = self.packed[hexd] = _untext(raw, "channel value")
+        return got
+
+    def value(self, hexd: str) -> Any:
+        if hexd not in self.values:
+            self.values[hexd] = self.saver._loads(self.packed_value(hexd))
+        return self.values[hexd]
+
+
+# -- the saver ---------------------------------------------------------------------------------
+
+
+class StashpointSaver(BaseCheckpointSaver[int]):
+    """A LangGraph checkpointer (``BaseCheckpointSaver``) backed by a stashpoint store.
+
+    Args:
+        store: a :class:`stashpoint.Store`, or a URL/path to open (default ``./.stashpoint``;
+            ``memory://``, ``postgresql://…`` and ``redis://…`` work too); a store opened
+            here is closed by :meth:`close`.
+        workspace: a directory snapshotted with every root-namespace checkpoint.
+        restore_on_time_travel: when a put's parent is not the head of its line (time
+            travel, a fork), first rewind the workspace files to the parent's snapshot.
+        conversation_channel: the channel kept as an append-only conversation (None: none).
+        session_prefix: a thread's stashpoint session is named prefix + thread id.
+        serde: LangGraph serializer (default: LangGraph's ``JsonPlusSerializer``).
+        force: allow a workspace at ``/`` or ``$HOME``.
+
+    The sync methods do their I/O in the calling thread, the async ones in a worker thread.
+    Channel versions are integers.
+    """
+
+    def __init__(
+        self,
+        store: Store | str | os.PathLike[str] | None = None,
+        *,
+        workspace: str | os.PathLike[str] | None = None,
+        restore_on_time_travel: bool = False,
+        conversation_channel: str | None = "messages",
+        session_prefix: str = "lg:",
+        serde: SerializerProtocol | None = None,
+        force: bool = False,
+    ) -> None:
+        super().__init__(serde=serde)
+        if not session_prefix:
+            raise UsageError("session_prefix must not be empty")
+        if restore_on_time_travel and workspace is None:
+            raise UsageError("restore_on_time_travel needs a workspace directory")
+        if isinstance(store, Store):
+            self.store, self._owns_store = store, False
+        else:
+            self.store, self._owns_store = open_store(store), True
+        self.workspace = os.fspath(workspace) if workspace is not None else None
+        self.restore_on_time_travel = restore_on_time_travel
+        self.conversation_channel = conversation_channel
+        self.session_prefix = session_prefix
+        self.force = force
+        self._threads: OrderedDict[str, _Thread] = OrderedDict()
+        self._lock = threading.RLock()
+        self._max_threads = 256
+        self._warned = False
+
+    # -- stashpoint views ----------------------------------------------------------------
+    def session_name(self, thread_id: str) -> str:
+        """The stashpoint session of a LangGraph thread (``stashpoint --session NAME log``)."""
+        return self.session_prefix + str(thread_id)
+
+    def record(self, config: RunnableConfig) -> Checkpoint:
+        """The stashpoint checkpoint behind a LangGraph checkpoint (``stashpoint show ID``)."""
+        _th, entry = self._find(config)
+        if entry is None:
+            raise UsageError(f"no LangGraph checkpoint for {_describe(config)}")
+        return entry.record
+
+    def restore_files(self, config: RunnableConfig) -> RewindResult:
+        """Put the workspace files back as they were at a checkpoint (the thread's latest if
+        the config names none). A safety checkpoint of the files there now comes first, on
+        branch ``langgraph-files``: the result's ``safety.id`` undoes it (``stashpoint
+        --session lg:THREAD rewind ID --files-only``)."""
+        if self.workspace is None:
+            raise UsageError("this saver has no workspace directory to restore files into")
+        th, entry = self._find(config)
+        if entry is None:
+            raise UsageError(f"no LangGraph checkpoint for {_describe(config)}")
+        if entry.record.workspace is None:
+            raise UsageError(f"checkpoint {entry.cpid} has no workspace snapshot")
+        with th.lock:
+            files = Session(
+                self.store,
+                th.session,
+                workspace=self.workspace,
+                branch=FILES_BRANCH,
+                force=self.force,
+            )
+            result = files.rewind(entry.id, state=False)
+            th.heads = self.store.meta.branches(th.session)
+            th.restored = entry.id  # a replay from there need not (and must not) restore again
+            return result
+
+    # -- LangGraph's interface: reading --------------------------------------------------
+    def get_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
+        th, entry = self._find(config)
+        if entry is None:
+            return None
+        with th.lock:
+            tup, cache = self._tuple(th, entry, _Reader(self), seed=True)
+            th.last_read = cache
+        return tup
+
+    def list(
+        self,
+        config: RunnableConfig | None,
+        *,
+        filter: dict[str, Any] | None = None,
+        before: RunnableConfig | None = None,
+        limit: int | None = None,
+    ) -> Iterator[CheckpointTuple]:
+        conf = (config or {}).get("configurable") or {}
+        p = self.session_prefix
+        if conf.get("thread_id") is not None:
+            thread_ids = [str(conf["thread_id"])]
+        else:
+            thread_ids = [s[len(p) :] for s in self.store.sessions() if s.startswith(p)]
+        ns = conf.get("checkpoint_ns")
+        wanted = conf.get("checkpoint_id")
+        before_id = get_checkpoint_id(before) if before else None
+        picked: builtins.list[tuple[_Thread, _Entry]] = []
+        readers: dict[str, _Reader] = {}
+        for thread_id in thread_ids:
+            th = self._thread(thread_id, check=True)
+            reader = readers[th.session] = _Reader(self)
+            with th.lock:
+                for e in th.entries.values():
+                    if (
+                        (ns is not None and e.ns != ns)
+                        or (wanted and e.cpid != wanted)
+                        or (before_id and e.cpid >= before_id)
+                    ):
+                        continue
+                    if filter:
+                        md = self._details(e, reader)["md"]
+                        if not all(md.get(k) == v for k, v in filter.items()):
+                            continue
+                    picked.append((th, e))
+        picked.sort(key=lambda te: (te[1].cpid, te[1].ns), reverse=True)
+        if limit is not None:
+            picked = picked[: max(limit, 0)]
+        for th, e in picked:
+            with th.lock:
+                tup, _cache = self._tuple(th, e, readers[th.session], seed=False)
+            yield tup
+
+    # -- LangGraph's interface: writing --------------------------------------------------
+    def put(
+        self,
+        config: RunnableConfig,
+        checkpoint: LGCheckpoint,
+        metadata: CheckpointMetadata,
+        new_versions: ChannelVersions,
+    ) -> RunnableConfig:
+        conf = config["configurable"]
+        thread_id = str(conf["thread_id"])
+        ns = str(conf.get("checkpoint_ns") or "")
+        parent = conf.get("checkpoint_id") or None
+        md = dict(get_serializable_checkpoint_metadata(config, metadata))
+        when = _When(str(md.get("source") or ""), conf.get(_DURABILITY))
+        if self.workspace is not None and not ns and when.racing and not self._warned:
+            self._warned = True
+            warnings.warn(
+                "StashpointSaver snapshots its workspace with each checkpoint: run the graph "
+                "with durability='sync' (graph.invoke(..., durability='sync')), else LangGraph "
+                "saves a checkpoint while the next step already runs and its snapshot may "
+                "hold that step's changes",
+                StashpointWarning,
+                stacklevel=2,
+            )
+        th = self._thread(thread_id, check=False)
+        with th.lock:
+            self._put(th, ns, cast(dict[str, Any], checkpoint), md, new_versions, parent, when)
+        return {
+            "configurable": {
+                "thread_id": thread_id,
+                "checkpoint_ns": ns,
+                "checkpoint_id": checkpoint["id"],
+            }
+        }
+
+    def put_writes(
+        self,
+        config: RunnableConfig,
+        writes: Sequence[tuple[str, Any]],
+        task_id: str,
+        task_path: str = "",
+    ) -> None:
+        conf = config["configurable"]
+        key = (str(conf.get("checkpoint_ns") or ""), str(conf["checkpoint_id"]))
+        th = self._thread(str(conf["thread_id"]), check=False)
+        with th.lock:
+            self._merge_stored_pending(th)
+            have = self._writes_of(th, key, _Reader(self)) if key in th.holders else {}
+            mine = th.pending.setdefault(key, {})
+            changed = False
+            for i, (channel, value) in enumerate(writes):
+                idx = WRITES_IDX_MAP.get(channel, i)
+                if idx >= 0 and ((task_id, idx) in have or (task_id, idx) in mine):
+                    continue  # regular channels keep the first write, as in LangGraph's savers
+                mine[(task_id, idx)] = _Write(
+                    task_id, idx, channel, task_path, self._encode_write(value)
+                )
+                changed = True
+            if not mine:
+                del th.pending[key]
+            if changed:
+                self._save_pending(th)
+
+    def delete_thread(self, thread_id: str) -> None:
+        th = self._thread(str(thread_id), check=True)
+        with th.lock:
+            self._remove(th, self._all_records(th), reason="delete_thread", everything=True)
+
+    def delete_for_runs(self, run_ids: Sequence[str]) -> None:
+        runs = set(run_ids)
+        if not runs:
+            return
+        p = self.session_prefix
+        for name in [s for s in self.store.sessions() if s.startswith(p)]:
+            th = self._thread(name[len(p) :], check=True)
+            with th.lock:
+                reader = _Reader(self)
+                doomed = {
+                    e.id
+                    for e in th.entries.values()
+                    if self._details(e, reader)["md"].get("run_id") in runs
+                }
+                if doomed:
+                    self._remove(th, doomed, reason="delete_for_runs")
+
+    def copy_thread(self, source_thread_id: str, target_thread_id: str) -> None:
+        src = self._thread(str(source_thread_id), check=True)
+        dst = self._thread(str(target_thread_id), check=True)
+        if src is dst:
+            return
+        first, second = sorted((src, dst), key=lambda t: t.session)
+        with first.lock, second.lock:
+            reader = _Reader(self)
+            for e in sorted(src.entries.values(), key=lambda x: x.id):
+                self._copy_entry(dst, e, reader)
+            for key, writes in src.pending.items():
+                if key in src.entries:
+                    dst.pending.setdefault(key, {}).update(writes)
+            self._save_pending(dst)
+
+    def prune(self, thread_ids: Sequence[str], *, strategy: str = "keep_latest") -> None:
+        if strategy not in ("keep_latest", "delete"):
+            raise UsageError(f"unknown prune strategy {strategy!r}: keep_latest or delete")
+        for thread_id in thread_ids:
+            th = self._thread(str(thread_id), check=True)
+            with th.lock:
+                everything = strategy == "delete"
+                doomed = self._all_records(th)
+                if not everything:
+                    latest: dict[str, _Entry] = {}
+                    for e in th.entries.values():
+                        if e.ns not in latest or e.cpid > latest[e.ns].cpid:
+                            latest[e.ns] = e
+                    doomed -= {e.id for e in latest.values()}
+                    doomed -= set(self.store.meta.pruned(th.session))
+                if doomed:
+                    self._remove(th, doomed, reason="prune", everything=everything)
+
+    # -- async: the same operations in a worker thread -----------------------------------
+    async def aget_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
+        return await asyncio.to_thread(self.get_tuple, config)
+
+    async def alist(
+        self,
+        config: RunnableConfig | None,
+        *,
+        filter: dict[str, Any] | None = None,
+        before: RunnableConfig | None = None,
+        limit: int | None = None,
+    ) -> AsyncIterator[CheckpointTuple]:
+        def collect() -> builtins.list[CheckpointTuple]:
+            return builtins.list(self.list(config, filter=filter, before=before, limit=limit))
+
+        for tup in await asyncio.to_thread(collect):
+            yield tup
+
+    async def aput(
+        self,
+        config: RunnableConfig,
+        checkpoint: LGCheckpoint,
+        metadata: CheckpointMetadata,
+        new_versions: ChannelVersions,
+    ) -> RunnableConfig:
+        return await asyncio.to_thread(self.put, config, checkpoint, metadata, new_versions)
+
+    async def aput_writes(
+        self,
+        config: RunnableConfig,
+        writes: Sequence[tuple[str, Any]],
+        task_id: str,
+        task_path: str = "",
+    ) -> None:
+        await asyncio.to_thread(self.put_writes, config, writes, task_id, task_path)
+
+    async def adelete_thread(self, thread_id: str) -> None:
+        await asyncio.to_thread(self.delete_thread, thread_id)
+
+    async def adelete_for_runs(self, run_ids: Sequence[str]) -> None:
+        await asyncio.to_thread(self.delete_for_runs, run_ids)
+
+    async def acopy_thread(self, source_thread_id: str, target_thread_id: str) -> None:
+        await asyncio.to_thread(self.copy_thread, source_thread_id, target_thread_id)
+
+    async def aprune(self, thread_ids: Sequence[str], *, strategy: str = "keep_latest") -> None:
+        await asyncio.to_thread(self.prune, thread_ids, strategy=strategy)
+
+    async def arestore_files(self, config: RunnableConfig) -> RewindResult:
+        return await asyncio.to_thread(self.restore_files, config)
+
+    # -- lifecycle ----------------------------------------------------------------------
+    def close(self) -> None:
+        """Close the store if this saver opened it."""
+        if self._owns_store:
+            self.store.close()
+
+    def __enter__(self) -> StashpointSaver:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"StashpointSaver({self.store.url!r}, workspace={self.workspace!r})"
+
+    # -- internals: the thread index -----------------------------------------------------
+    def _thread(self, thread_id: str, *, check: bool) -> _Thread:
+        """The thread's index, built from the store on first use; with ``check``, rebuilt when
+        another writer moved a branch head, and pending writes re-read when they changed."""
+        with self._lock:
+            th = self._threads.get(thread_id)
+            if th is None:
+                th = self._threads[thread_id] = _Thread(thread_id, self.session_name(thread_id))
+                while len(self._threads) > self._max_threads:
+                    self._threads.popitem(last=False)
+            else:
+                self._threads.move_to_end(thread_id)
+        with th.lock:
+            if not th.loaded:
+                self._load(th)
+            elif check:
+                if self.store.meta.branches(th.session) != th.heads:
+                    self._load(th)
+                else:
+                    self._merge_stored_pending(th)
+        return th
+
+    def _load(self, th: _Thread) -> None:
+        """(Re)build a thread's index from its records, each verified with its chain link."""
+        meta, store = self.store.meta, self.store
+        heads = meta.branches(th.session)
+        rows = meta.list_checkpoints(th.session)
+        pruned = set(meta.pruned(th.session)) if rows else set()
+        by_id = {r.id: r for r in rows}
+        th.entries, th.records, th.known, th.holders = {}, {}, set(), {}
+        th.removed, th.pending, th.pending_raw = set(), {}, None
+        th.caches, th.last_read = {}, None
+        th.branches = {b: s for b, s in th.branches.items() if b in heads}
+        for row in reversed(rows):
+            try:
+                cp = store.open_row(row)
+                if cp.parent is not None:
+                    prow = by_id.get(cp.parent) or meta.get_checkpoint(cp.parent)
+                    if prow is None or prow.digest != cp.parent_digest:
+                        what = "is missing" if prow is None else "was altered"
+                        raise IntegrityError(
+                            f"checkpoint {cp.id} is broken: its parent {cp.parent} {what}",
+                            checkpoint=cp.id,
+                        )
+            except IntegrityError as exc:
+                raise store.with_last_good(exc, row) from None
+            lg = cp.meta.get(_META)
+            if not isinstance(lg, dict):
+                continue
+            if "removed" in lg:
+                th.removed.add(cp.id)
+            elif isinstance(lg.get("id"), str):
+                self._index(th, _entry(cp, lg), hidden=cp.id in pruned)
+        th.heads = heads
+        th.loaded = True
+        self._merge_stored_pending(th)
+
+    def _index(self, th: _Thread, e: _Entry, *, hidden: bool = False) -> None:
+        th.records[e.id] = e
+        th.known.add((e.ns, e.cpid))
+        if hidden:
+            return
+        old = th.entries.get((e.ns, e.cpid))
+        th.entries[(e.ns, e.cpid)] = e
+        if old is not None:
+            for target in old.targets:
+                if old in th.holders.get(target, ()):
+                    th.holders[target].remove(old)
+        for target in e.targets:
+            th.holders.setdefault(target, []).append(e)
+
+    def _find(self, config: RunnableConfig) -> tuple[_Thread, _Entry | None]:
+        conf = config["configurable"]
+        th = self._thread(str(conf["thread_id"]), check=True)
+        ns = str(conf.get("checkpoint_ns") or "")
+        with th.lock:
+            cpid = get_checkpoint_id(config)
+            if cpid:
+                return th, th.entries.get((ns, cpid))
+            best = None
+            for e in th.entries.values():
+                if e.ns == ns and (best is None or e.cpid > best.cpid):
+                    best = e
+            return th, best
+
+    def _details(self, e: _Entry, reader: _Reader) -> dict[str, Any]:
+        """A checkpoint's LangGraph fields (versions, metadata, the parent's writes)."""
+        if e.details is None:
+            hexd = e.record.state.values.get(_DETAILS)
+            if hexd is None:
+                raise IntegrityError(f"checkpoint {e.id} lost its LangGraph fields")
+            try:  # a JSON text (see _details_text) stored as a string value
+                text = _json.decode(self.store.blobs.read(bytes.fromhex(hexd)))
+                tree = _json.decode(text) if isinstance(text, str) else None
+            except msgspec.DecodeError as exc:
+                raise IntegrityError(f"checkpoint {e.id} has malformed LangGraph fields") from exc
+            if not isinstance(tree, dict):
+                raise IntegrityError(f"checkpoint {e.id} has malformed LangGraph fields")
+            details: dict[str, Any] = {}
+            for key, value in tree.items():
+                if key.endswith("!"):  # stashpoint's encoding could not carry it: LangGraph's did
+                    details[key[:-1]] = self._loads(_untext(value, "LangGraph field"))
+                elif key in ("md", "x"):
+                    details[key] = serde.from_tree(value)
+                else:
+                    details[key] = value
+            e.details = details
+        return e.details
+
+    def _details_text(self, details: dict[str, Any]) -> str:
+        """A checkpoint's LangGraph fields as one JSON text: encoded in C, not walked in
+        Python (the state value ``langgraph``). Metadata and extra fields go through
+        stashpoint's encoding (tuples, sets, dates...) or, failing that, LangGraph's."""
+        tree: dict[str, Any] = {}
+        for key, value in details.items():
+            if key in ("md", "x"):
+                try:
+                    tree[key] = serde.to_tree(value)
+                except SerializationError:
+                    tree[key + "!"] = _text(_pack(self.serde.dumps_typed(value)))
+            else:
+                tree[key] = value
+        try:
+            return _json_out.encode(tree).decode()
+        except (TypeError, ValueError, msgspec.EncodeError):  # versions of an unusual type
+            for key in ("cv", "vs", "uc", "ts", "v"):
+                if key in tree:
+                    tree[key + "!"] = _text(_pack(self.serde.dumps_typed(tree.pop(key))))
+            return _json_out.encode(tree).decode()
+
+    def _held(self, e: _Entry, reader: _Reader) -> builtins.list[tuple[_CpKey, _Write]]:
+        """The writes a checkpoint's record holds, each with the checkpoint it is for."""
+        if e.writes is None:
+            rows = self._details(e, reader).get("w") or ()
+            parent = (e.ns, e.parent or "")
+            e.writes = builtins.list(_embedded(e.id, parent, rows))
+        return e.writes
+
+    # -- internals: pending writes -------------------------------------------------------
+    def _pending_key(self, th: _Thread) -> str:
+        return f"langgraph:pending:{th.session}"
+
+    def _writes_of(self, th: _Thread, key: _CpKey, reader: _Reader) -> dict[_WriteKey, _Write]:
+        """A checkpoint's writes: those moved into later records (its children's, mostly),
+        then the pending ones (where a special channel's latest write wins)."""
+        out: dict[_WriteKey, _Write] = {}
+        for holder in th.holders.get(key, ()):
+            for target, w in self._held(holder, reader):
+                if target == key:
+                    out.setdefault((w.task, w.idx), w)
+        for wk, w in th.pending.get(key, {}).items():
+            if wk not in out or wk[1] < 0:
+                out[wk] = w
+        return out
+
+    def _merge_stored_pending(self, th: _Thread) -> None:
+        """Take in writes another process stored since we last looked (ours stay)."""
+        raw = self.store.meta.get_meta(self._pending_key(th))
+        if raw == th.pending_raw:
+            return
+        th.pending_raw = raw
+        if raw is None:
+            return
+        reader = _Reader(self)
+        for key, w in self._parse_pending(th, raw):
+            if key in th.holders and (w.task, w.idx) in self._writes_of(th, key, reader):
+                continue  # already moved into a record
+            th.pending.setdefault(key, {}).setdefault((w.task, w.idx), w)
+
+    def _parse_pending(self, th: _Thread, raw: str) -> builtins.list[tuple[_CpKey, _Write]]:
+        try:
+            doc = json.loads(raw)
+            body, mac = str(doc["w"]), str(doc["mac"])
+        except (ValueError, KeyError, TypeError) as exc:
+            raise IntegrityError(f"pending LangGraph writes of {th.session} are corrupt") from exc
+        if mac != self.store.hasher.digest(body.encode()):
+            raise IntegrityError(
+                f"pending LangGraph writes of {th.session} do not match their digest"
+            )
+        out = []
+        try:
+            for ns, cpid, task, idx, channel, path, value in json.loads(body):
+                w = _Write(str(task), int(idx), str(channel), str(path), _from_json(value))
+                out.append(((str(ns), str(cpid)), w))
+        except (ValueError, TypeError) as exc:
+            raise IntegrityError(f"pending LangGraph writes of {th.session} are corrupt") from exc
+        return out
+
+    def _save_pending(self, th: _Thread) -> None:
+        rows = [
+            [ns, cpid, w.task, w.idx, w.channel, w.path, _to_json(w.value)]
+            for (ns, cpid), writes in th.pending.items()
+            for w in writes.values()
+        ]
+        key = self._pending_key(th)
+        if not rows:
+            if th.pending_raw is not None:
+                self.store.meta.set_meta(key, None)
+                th.pending_raw = None
+            return
+        body = json.dumps(rows, separators=(",", ":"))
+        raw = json.dumps({"w": body, "mac": self.store.hasher.digest(body.encode())})
+        self.store.meta.set_meta(key, raw)
+        th.pending_raw = raw
+
+    def _encode_write(self, value: Any) -> bytes | builtins.list[bytes]:
+        if type(value) is builtins.list:
+            return [_pack(self.serde.dumps_typed(v)) for v in value]
+        return _pack(self.serde.dumps_typed(value))
+
+    def _materialize(self, th: _Thread, w: _Write, reader: _Reader) -> bytes | builtins.list[bytes]:
+        """A write's value as packed bytes, a reference resolved."""
+        if not isinstance(w.value, _Ref):
+            return w.value
+        holder = th.records.get(w.holder or "")
+        conv = holder.record.state.conversation if holder is not None else None
+        if conv is None:
+            raise IntegrityError(f"checkpoint {w.holder} lost the messages of a write")
+        got = reader.conv_items(conv)[w.value.start : w.value.start + w.value.length]
+        if len(got) != w.value.length:
+            raise IntegrityError(f"checkpoint {w.holder} lost the messages of a write")
+        items = [_untext(t, "message") for t in got]
+        return items[0] if w.value.single else items
+
+    # -- internals: put ------------------------------------------------------------------
+    def _session(self, th: _Thread, branch: str, ns: str) -> Session:
+        s = th.branches.get(branch)
+        if s is not None and (s.head.id if s.head is not None else None) != th.heads.get(branch):
+            s = None  # another writer moved the branch: a fresh engine object reads it again
+        if s is None:
+            files = self.workspace is not None and ns == ""
+            while len(th.branches) >= _KEEP_BRANCHES:
+                del th.branches[next(iter(th.branches))]
+            s = th.branches[branch] = Session(
+                self.store,
+                th.session,
+                workspace=self.workspace if files else None,
+                branch=branch,
+                force=self.force,
+            )
+        return s
+
+    def _branch_for(
+        self, th: _Thread, ns: str, cpid: str, parent: _Entry | None
+    ) -> tuple[str, bool]:
+        """The branch a new checkpoint goes on, and whether it starts there at ``parent``."""
+        base = "main" if ns == "" else f"ns:{ns}"
+        if parent is not None:
+            if th.heads.get(parent.record.branch) == parent.id:
+                return parent.record.branch, False
+            return f"{base}@{cpid}", True
+        head = th.heads.get(base)
+        if head is None or head in th.removed:
+            return base, False
+        return f"{base}@{cpid}", False
+
+    def _put(
+        self,
+        th: _Thread,
+        ns: str,
+        checkpoint: dict[str, Any],
+        md: dict[str, Any],
+        new_versions: ChannelVersions,
+        parent: str | None,
+        when: _When,
+    ) -> None:
+        cpid = str(checkpoint["id"])
+        pe = th.entries.get((ns, parent)) if parent else None
+        if parent and pe is None and (ns, parent) not in th.known:  # another process's?
+            self._load(th)
+            pe = th.entries.get((ns, parent))
+        cache = None
+        if pe is not None:
+            for c in (th.caches.get(pe.record.branch), th.last_read):
+                if c is not None and c.of == pe.id:
+                    cache = c
+                    break
+        reader = _Reader(self)
+        versions = dict(checkpoint.get("channel_versions") or {})
+        values = checkpoint.get("channel_values") or {}
+        pversions = self._details(pe, reader)["cv"] if pe is not None else {}
+        conv_ch = self.conversation_channel
+        state: dict[str, Any] = {}
+        new_values: dict[str, tuple[Any, Any, bytes]] = {}
+        conv_objs: builtins.list[Any] | None = None
+        conv_items: builtins.list[str] | None = None
+        inline: dict[str, str] = {}
+        appended_from = 0
+        for ch, ver in versions.items():
+            # A channel whose version did not move keeps the parent's value (LangGraph's
+            # savers store a value only for the channels in new_versions).
+            inherit = pe is not None and ch not in new_versions and pversions.get(ch) == ver
+            if ch == conv_ch:
+                if inherit and pe is not None and pe.record.state.conversation is not None:
+                    if cache is not None and cache.conv_items is not None:
+                        conv_objs, conv_items = cache.conv_objs, cache.conv_items
+                    else:
+                        conv_items = reader.conv_items(pe.record.state.conversation)
+                    appended_from = len(conv_items)
+                    state[_CONV_KEY] = conv_items
+                    continue
+                if not inherit and type(values.get(ch)) is builtins.list:
+                    conv_objs = values[ch]
+                    conv_items, appended_from = self._encode_conversation(conv_objs, cache)
+                    state[_CONV_KEY] = conv_items
+                    continue
+            packed: bytes | None = None
+            obj: Any = _MISSING
+            if inherit and pe is not None:
+                old = cache.values.get(ch) if cache is not None else None
+                if old is not None and old[0] == ver:
+                    obj, packed = old[1], old[2]
+                elif (hexd := pe.record.state.values.get(_VALUE + ch)) is not None:
+                    packed = reader.packed_value(hexd)
+                elif (text := self._details(pe, reader).get("iv", {}).get(ch)) is not None:
+                    packed = _untext(text, "channel value")
+            if packed is None:
+                if ch not in values:
+                    continue  # empty at this version
+                obj = values[ch]
+                old = cache.values.get(ch) if cache is not None else None
+                if old is not None and old[1] is obj:
+                    packed = old[2]
+                else:
+                    packed = _pack(self.serde.dumps_typed(obj))
+            if len(packed) <= _INLINE_MAX:  # tiny: cheaper inside the details than on its own
+                inline[ch] = _text(packed)
+            else:
+                state[_VALUE + ch] = _text(packed)
+            new_values[ch] = (ver, obj, packed)
+        details: dict[str, Any] = {
+            "ts": checkpoint.get("ts"),
+            "v": checkpoint.get("v"),
+            "cv": versions,
+            "vs": checkpoint.get("versions_seen") or {},
+            "md": md,
+        }
+        if inline:
+            details["iv"] = inline
+        if checkpoint.get("updated_channels") is not None:
+            details["uc"] = checkpoint["updated_channels"]
+        extra = {k: v for k, v in checkpoint.items() if k not in _KNOWN}
+        if extra:
+            details["x"] = extra
+        if _CONV_KEY in state and conv_ch != _CONV_KEY:
+            details["conv"] = conv_ch
+        # Writes move into the new record: its parent's, and those of any saved checkpoint
+        # that arrived after that checkpoint's child (LangGraph saves both concurrently).
+        moved = {key: th.pending.pop(key) for key in builtins.list(th.pending) if key in th.known}
+        targets: builtins.list[_CpKey] = []
+        if moved:
+            home = (ns, parent or "")
+            details["w"] = self._embed(th, moved, home, conv_items, appended_from, reader)
+            targets = [key for key in moved if key != home]
+        try:
+            sealed = self._commit(
+                th, ns, cpid, parent, pe, details, state, when=when, targets=targets
+            )
+        except BaseException:
+            for key, writes in moved.items():
+                th.pending.setdefault(key, {}).update(writes)
+            raise
+        entry = _entry(sealed, sealed.meta[_META])
+        entry.details = details
+        self._index(th, entry)
+        th.caches.pop(sealed.branch, None)
+        th.caches[sealed.branch] = _StateCache(
+            sealed.id,
+            builtins.list(conv_objs) if conv_objs is not None else None,
+            conv_items,
+            new_values,
+        )
+        while len(th.caches) > _KEEP_BRANCHES:  # the lines written last (each holds messages)
+            del th.caches[next(iter(th.caches))]
+
+    def _encode_conversation(
+        self, msgs: builtins.list[Any], cache: _StateCache | None
+    ) -> tuple[builtins.list[str], int]:
+        """Packed messages, the parent's reused for the prefix they share (compared by
+        identity first, in C: a put stays flat as the conversation grows)."""
+        old_objs = cache.conv_objs if cache is not None else None
+        old_items = cache.conv_items if cache is not None else None
+        n = 0
+        if old_objs is not None and old_items is not None:
+            n = min(len(old_objs), len(msgs))
+            if msgs[:n] != old_objs[:n]:
+                n = next(
+                    i for i in range(n) if msgs[i] is not old_objs[i] and msgs[i] != old_objs[i]
+                )
+        head = old_items[:n] if old_items is not None and n else []
+        return head + [_text(_pack(self.serde.dumps_typed(m))) for m in msgs[n:]], n
+
+    def _embed(
+        self,
+        th: _Thread,
+        moved: dict[_CpKey, dict[_WriteKey, _Write]],
+        home: _CpKey,
+        conv: builtins.list[str] | None,
+        start: int,
+        reader: _Reader,
+    ) -> builtins.list[builtins.list[Any]]:
+        """Pending writes as the new record keeps them, ``[task, idx, channel, path, value]``
+        (plus ``ns, checkpoint id`` for another checkpoint than the record's parent, ``home``).
+        A write that is messages of this record's conversation becomes a reference to them:
+        a step's new messages are stored once, not twice."""
+        out: builtins.list[builtins.list[Any]] = []
+        for key, writes in moved.items():
+            for w in writes.values():
+                packed = self._materialize(th, w, reader)
+                many = isinstance(packed, builtins.list)
+                items = (
+                    [_text(v) for v in packed]
+                    if isinstance(packed, builtins.list)
+                    else [_text(packed)]
+                )
+                value: Any = items if many else items[0]
+                k = len(items)
+                if conv is not None and k and w.channel == self.conversation_channel:
+                    # the parent's writes are what this record appended; later ones are near
+                    # the end of the conversation
+                    lo = start if key == home else max(0, len(conv) - k - 512)
+                    for a in range(len(conv) - k, lo - 1, -1):
+                        if conv[a] == items[0] and conv[a : a + k] == items:
+                            value = [a, k, not many]
+                            break
+                row = [w.task, w.idx, w.channel, w.path, value]
+                out.append(row if key == home else [*row, *key])
+        return out
+
+    def _commit(
+        self,
+        th: _Thread,
+        ns: str,
+        cpid: str,
+        parent: str | None,
+        pe: _Entry | None,
+        details: dict[str, Any],
+        state: dict[str, Any],
+        *,
+        when: _When | None = None,
+        targets: Sequence[_CpKey] = (),
+    ) -> Checkpoint:
+        state[_DETAILS] = self._details_text(details)
+        meta: dict[str, Any] = {"id": cpid}
+        if parent:
+            meta["p"] = parent
+        if ns:
+            meta["ns"] = ns
+        if targets:  # whose writes it holds, besides its parent's (read without the details)
+            meta["wt"] = [builtins.list(t) for t in targets]
+        branch, fork = self._branch_for(th, ns, cpid, pe)
+        if fork:
+            assert pe is not None
+            self.store.meta.set_head(th.session, branch, pe.id, None)
+            th.heads[branch] = pe.id
+        session = self._session(th, branch, ns)
+        # A fork checkpoint (a replay's first) is a copy of its parent, files included; a copy
+        # (``when`` None) records no files; every other put snapshots the workspace.
+        files = when is not None and when.source != "fork"
+        if fork and when is not None and session.workspace is not None and pe is not None:
+            self._restore_for(th, session, pe, when)
+        expected = session.head.id if session.head is not None else None
+        md = details.get("md") or {}
+        what = f"{md.get('source', 'put')} step {md.get('step')}" + (f" [{ns}]" if ns else "")
+        sealed = session.checkpoint(
+            state, kind="auto", message=what, meta={_META: meta}, files=files
+        )
+        th.heads[branch] = sealed.id
+        th.restored = None
+        if sealed.parent != expected:  # another writer got in between: re-read next time
+            th.loaded = False
+        return sealed
+
+    def _restore_for(self, th: _Thread, session: Session, pe: _Entry, when: _When) -> None:
+        """A new line of history starts at ``pe``: with ``restore_on_time_travel``, put the
+        files back as they were there, when no node can be running (else say why not)."""
+        restored, th.restored = th.restored, None
+        if not self.restore_on_time_travel or pe.record.workspace is None or restored == pe.id:
+            return
+        if when.source == "update" or (when.source == "input" and when.durability == "sync"):
+            session.rewind(pe.id, state=False)  # after a safety checkpoint: undoable
+            return
+        how = (
+            "a replay runs its first node while LangGraph saves this checkpoint: call "
+            "saver.restore_files(config) before graph.invoke(None, config)"
+            if when.source == "fork"
+            else "run the graph with durability='sync'"
+        )
+        warnings.warn(
+            f"the workspace files were not restored to checkpoint {pe.cpid}: {how}",
+            StashpointWarning,
+            stacklevel=5,
+        )
+
+    def _copy_entry(self, dst: _Thread, e: _Entry, reader: _Reader) -> None:
+        """Put one checkpoint of another thread into ``dst`` as it is stored."""
+        cp = e.record
+        state: dict[str, Any] = {
+            k: _text(reader.packed_value(h))
+            for k, h in cp.state.values.items()
+            if k.startswith(_VALUE)
+        }
+        if cp.state.conversation is not None:
+            state[_CONV_KEY] = reader.conv_items(cp.state.conversation)
+        details = dict(self._details(e, reader))
+        pe = dst.entries.get((e.ns, e.parent)) if e.parent else None
+        home = (e.ns, e.parent or "")
+        targets = [t for t in e.targets if t != home]
+        sealed = self._commit(dst, e.ns, e.cpid, e.parent, pe, details, state, targets=targets)
+        entry = _entry(sealed, sealed.meta[_META])
+        self._index(dst, entry)
+
+    # -- internals: removing -------------------------------------------------------------
+    def _all_records(self, th: _Thread) -> set[str]:
+        """Every record of the thread's session: LangGraph's and the bookkeeping around them
+        (rewinds of time travel and ``restore_files``, earlier ``removed`` heads)."""
+        return {row.id for row in self.store.meta.list_checkpoints(th.session)}
+
+    def _remove(
+        self, th: _Thread, doomed: set[str], *, reason: str, everything: bool = False
+    ) -> None:
+        """Hide checkpoints from LangGraph and mark their records pruned for GC.
+
+        Writes that a removed record holds for a checkpoint that stays go back to the pending
+        key first; a branch whose head goes gets a ``removed`` checkpoint as its new head.
+        """
+        reader = _Reader(self)
+        gone = {key for key, e in th.entries.items() if e.id in doomed}
+        if not everything:
+            for key, holders in th.holders.items():
+                if key in gone or key not in th.entries:
+                    continue
+                for holder in holders:
+                    if holder.id not in doomed:
+                        continue
+                    for target, w in self._held(holder, reader):
+                        if target != key:
+                            continue
+                        value = self._materialize(th, w, reader)
+                        th.pending.setdefault(key, {}).setdefault(
+                            (w.task, w.idx), _Write(w.task, w.idx, w.channel, w.path, value)
+                        )
+        for key in builtins.list(th.pending):
+            if everything or key in gone:
+                del th.pending[key]
+        self._save_pending(th)
+        for branch, head in self.store.meta.branches(th.session).items():
+            if head not in th.removed and (everything or head in doomed):
+                Session(self.store, th.session, branch=branch).checkpoint(
+                    {},
+                    kind="edit",
+                    message=f"langgraph {reason}: removed from LangGraph's view",
+                    meta={_META: {"removed": reason}},
+                )
+        if doomed:
+            self.store.meta.mark_pruned(th.session, sorted(doomed), utc_now_iso())
+        self._load(th)
+
+    # -- internals: reading ------------------------------------------------------------
+    def _loads(self, packed: bytes) -> Any:
+        return self.serde.loads_typed(_unpack(packed))
+
+    def _tuple(
+        self, th: _Thread, e: _Entry, reader: _Reader, *, seed: bool
+    ) -> tuple[CheckpointTuple, _StateCache]:
+        details, cp = self._details(e, reader), e.record
+        cache = _StateCache(cp.id)
+        values: dict[str, Any] = {}
+        for key, hexd in cp.state.values.items():
+            if key.startswith(_VALUE):
+                ch = key[len(_VALUE) :]
+                values[ch] = reader.value(hexd)
+                if seed:
+                    cache.values[ch] = (
+                        details["cv"].get(ch),
+                        values[ch],
+                        reader.packed_value(hexd),
+                    )
+        for ch, text in (details.get("iv") or {}).items():
+            packed = _untext(text, "channel value")
+            values[ch] = self._loads(packed)
+            if seed:
+                cache.values[ch] = (details["cv"].get(ch), values[ch], packed)
+        conv = cp.state.conversation
+        if conv is not None:
+            objs = reader.conv_objects(conv)
+            values[details.get("conv", _CONV_KEY)] = objs
+            if seed:
+                cache.conv_objs, cache.conv_items = builtins.list(objs), reader.conv_items(conv)
+        checkpoint: dict[str, Any] = {
+            "v": details.get("v"),
+            "id": e.cpid,
+            "ts": details.get("ts"),
+            "channel_values": values,
+            "channel_versions": dict(details["cv"]),
+            "versions_seen": {k: dict(v) for k, v in details["vs"].items()},
+            "updated_channels": details.get("uc"),
+            **_fresh(details.get("x") or {}),
+        }
+        writes = sorted(
+            self._writes_of(th, (e.ns, e.cpid), reader).values(),
+            key=lambda w: (w.path, w.task, w.idx),
+        )
+        pending: builtins.list[PendingWrite] = [
+            (w.task, w.channel, self._write_value(th, w, reader)) for w in writes
+        ]
+        conf = {"thread_id": th.thread_id, "checkpoint_ns": e.ns, "checkpoint_id": e.cpid}
+        parent = None
+        if e.parent:
+            parent = {"configurable": {**conf, "checkpoint_id": e.parent}}
+        tup = CheckpointTuple(
+            config={"configurable": conf},
+            checkpoint=cast(LGCheckpoint, checkpoint),
+            metadata=cast(CheckpointMetadata, _fresh(details["md"])),
+            parent_config=cast("RunnableConfig | None", parent),
+            pending_writes=pending,
+        )
+        return tup, cache
+
+    def _write_value(self, th: _Thread, w: _Write, reader: _Reader) -> Any:
+        if isinstance(w.value, _Ref):
+            holder = th.records.get(w.holder or "")
+            conv = holder.record.state.conversation if holder is not None else None
+            if conv is None:
+                raise IntegrityError(f"checkpoint {w.holder} lost the messages of a write")
+            got = reader.conv_objects(conv)[w.value.start : w.value.start + w.value.length]
+            if len(got) != w.value.length:
+                raise IntegrityError(f"checkpoint {w.holder} lost the messages of a write")
+            return got[0] if w.value.single else got
+        if isinstance(w.value, builtins.list):
+            return [self._loads(v) for v in w.value]
+        return self._loads(w.value)
+
+
+# -- helpers ------------------------------------------------------------------------------------
+
+_MISSING: Any = object()
+
+
+def _fresh(x: Any) -> Any:
+    """A copy of the dicts and lists in ``x`` (callers may change what they are given)."""
+    if type(x) is dict:
+        return {k: _fresh(v) for k, v in x.items()}
+    if type(x) is builtins.list:
+        return [_fresh(v) for v in x]
+    return x
+
+
+def _entry(cp: Checkpoint, meta: Any) -> _Entry:
+    if not isinstance(meta, dict) or not isinstance(meta.get("id"), str):
+        raise IntegrityError(f"checkpoint {cp.id} has malformed LangGraph metadata")
+    ns, parent = str(meta.get("ns", "")), meta.get("p")
+    entry = _Entry(cp, ns, meta["id"], str(parent) if parent else None)
+    if entry.parent is not None:
+        entry.targets.append((ns, entry.parent))
+    try:
+        entry.targets += [(str(t_ns), str(t_id)) for t_ns, t_id in meta.get("wt") or ()]
+    except (TypeError, ValueError) as exc:
+        raise IntegrityError(f"checkpoint {cp.id} has malformed LangGraph metadata") from exc
+    return entry
+
+
+def _embedded(holder: str, home: _CpKey, rows: Any) -> Iterator[tuple[_CpKey, _Write]]:
+    """Writes a record holds: ``[task, idx, channel, path, value]`` for its parent (``home``),
+    plus ``ns, checkpoint id`` for another; value is packed bytes, a list of them, or
+    ``[start, length, single]`` into the record's conversation."""
+    try:
+        for row in rows:
+            task, idx, channel, path, value = row[:5]
+            target = (str(row[5]), str(row[6])) if len(row) == 7 else home
+            v: _Value
+            if isinstance(value, builtins.list) and value and isinstance(value[0], int):
+                v = _Ref(int(value[0]), int(value[1]), bool(value[2]))
+            elif isinstance(value, builtins.list):
+                v = [_untext(x, "write") for x in value]
+            else:
+                v = _untext(value, "write")
+            yield target, _Write(str(task), int(idx), str(channel), str(path), v, holder)
+    except (ValueError, TypeError, IndexError) as exc:
+        raise IntegrityError(f"checkpoint {holder} has malformed LangGraph writes") from exc
+
+
+def _to_json(value: _Value) -> Any:
+    if isinstance(value, _Ref):
+        raise AssertionError("pending writes hold values, not references")
+    if isinstance(value, builtins.list):
+        return [base64.b64encode(v).decode("ascii") for v in value]
+    return base64.b64encode(value).decode("ascii")
+
+
+def _from_json(value: Any) -> bytes | builtins.list[bytes]:
+    if isinstance(value, builtins.list):
+        return [base64.b64decode(str(v), validate=True) for v in value]
+    return base64.b64decode(str(value), validate=True)
+
+
+def _describe(config: RunnableConfig) -> str:
+    conf = config.get("configurable") or {}
+    parts = [f"thread {conf.get('thread_id')!r}"]
+    if conf.get("checkpoint_ns"):
+        parts.append(f"namespace {conf['checkpoint_ns']!r}")
+    if conf.get("checkpoint_id"):
+        parts.append(f"checkpoint {conf['checkpoint_id']}")
+    return ", ".join(parts)
