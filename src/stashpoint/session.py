@@ -9,6 +9,7 @@ took stays valid; only the parent link and the conversation log position are rec
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -18,7 +19,7 @@ import warnings
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar, cast, overload
+from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec, TypeVar, cast, overload
 
 import msgspec
 
@@ -44,6 +45,8 @@ if TYPE_CHECKING:
     from .notify import Notifier
 
 F = TypeVar("F", bound=Callable[..., Any])
+P = ParamSpec("P")
+R = TypeVar("R")
 
 __all__ = [
     "CheckpointDiff",
@@ -84,6 +87,20 @@ class CheckpointDiff:
     messages_removed: int = 0
     messages_added: list[Any] = field(default_factory=list)
     files: list[Change] = field(default_factory=list)
+
+
+def _holding_write_lock(
+    method: Callable[Concatenate[Session, P], R],
+) -> Callable[Concatenate[Session, P], R]:
+    """Serialise a write with the session's other writers in this process (a timer thread
+    checkpoints during long durable steps)."""
+
+    @functools.wraps(method)
+    def locked(self: Session, /, *args: P.args, **kwargs: P.kwargs) -> R:
+        with self._write_lock:
+            return method(self, *args, **kwargs)
+
+    return locked
 
 
 def _policy(spec: str | Iterable[str] | None) -> frozenset[str]:
@@ -378,6 +395,7 @@ class Session:
         return msgs
 
     # -- writing --------------------------------------------------------------------------
+    @_holding_write_lock
     def checkpoint(
         self,
         state: Mapping[str, Any] | None = None,
@@ -400,36 +418,6 @@ class Session:
         the head instead of recording a duplicate (what agent hooks that fire after every tool
         call want).
         """
-        with self._write_lock:  # a timer thread may checkpoint during a long step
-            return self._checkpoint(
-                state,
-                message=message,
-                label=label,
-                kind=kind,
-                step=step,
-                meta=meta,
-                files=files,
-                progress=progress,
-                skip_unchanged=skip_unchanged,
-                status=status,
-                journal=journal,
-            )
-
-    def _checkpoint(
-        self,
-        state: Mapping[str, Any] | None = None,
-        *,
-        message: str | None = None,
-        label: str | None = None,
-        kind: str = "manual",
-        step: int | None = None,
-        meta: Mapping[str, Any] | None = None,
-        files: bool = True,
-        progress: Callable[[int, int], None] | None = None,
-        skip_unchanged: bool = False,
-        status: str | None = None,
-        journal: LogRef | None = _INHERIT,
-    ) -> Checkpoint:
         if kind not in KINDS:
             raise UsageError(f"unknown checkpoint kind {kind!r}; one of {', '.join(KINDS)}")
         ws_ref: WorkspaceRef | None = None
