@@ -36,6 +36,8 @@ BENCHES = {
     "bundle": "bench_bundle",
     "scale": "bench_scale",
     "langgraph": "bench_langgraph",
+    "artifacts": "bench_artifacts",
+    "mirror": "bench_mirror",
 }
 RESULTS = Path(__file__).resolve().parent / "results"
 

@@ -29,6 +29,8 @@ def sp(tmp_path: Path) -> Iterator[object]:
     env = dict(os.environ)
     env.pop("STASHPOINT_STORE", None)
     env.pop("STASHPOINT_SESSION", None)
+    env.pop("STASHPOINT_KEY", None)  # tests that encrypt set their own key
+    env.pop("STASHPOINT_KEY_FILE", None)
     env["HOME"] = str(tmp_path)  # discovery stops at $HOME: keep it inside the test
 
     def run(

@@ -156,6 +156,8 @@ def test_the_async_names_mirror_the_sync_signatures() -> None:
         "task",
         "set_task",
         "track",
+        "artifacts",
+        "fetch_artifact",
     ]
     internal = {"checkpoint": {"journal"}}  # the durable engine's own parameter
     for name in mirrored:
@@ -506,3 +508,7 @@ def test_store_wraps_a_sync_store_and_opens_sessions_without_blocking(tmp_path: 
         again.close()
 
     _run(main())
+
+
+def test_file_store_through_the_async_api(tmp_path: Path) -> None:
+    _shared_store_round_trip(f"file://{tmp_path / 'fs'}", tmp_path)

@@ -303,6 +303,29 @@ def test_rewind_keeps_directories_that_hold_ignored_files(sp: Sp, tmp_path: Path
     assert (ws / "keep.txt").read_text() == "keep\n"
 
 
+def test_rewind_refuses_to_put_a_file_where_ignored_files_live(sp: Sp, tmp_path: Path) -> None:
+    """The target has a file P; the workspace has a directory P holding an ignored file. The
+    rewind refuses with exit 1 and puts everything back; once the ignored file is moved away
+    the same rewind works, and no command is left stuck on an unfinished restore."""
+    ws = tmp_path / "ws"
+    write(ws / ".gitignore", "*.log\n")
+    write(ws / "P", "a file\n")
+    a = snap(sp, ws, "A")
+    (ws / "P").unlink()
+    write(ws / "P/tracked.txt", "tracked\n")
+    write(ws / "P/debug.log", "ignored\n")
+    b = snap(sp, ws, "B")
+    res = fails(sp, ws, "rewind", a["id"], code=1)
+    assert "P is a directory holding ignored files (debug.log)" in res.err
+    assert (ws / "P/tracked.txt").read_text() == "tracked\n"  # rolled back
+    assert (ws / "P/debug.log").read_text() == "ignored\n"  # never touched
+    assert log_ids(sp, ws)[1] == b["id"]  # log works: no half-done restore to complete
+    (ws / "P/debug.log").rename(ws / "debug.log")
+    cli_json(sp, ws, "rewind", a["id"])
+    assert (ws / "P").read_text() == "a file\n"
+    assert (ws / "debug.log").read_text() == "ignored\n"
+
+
 def test_snap_sees_same_size_edit_with_restored_mtime(sp: Sp, tmp_path: Path) -> None:
     ws = tmp_path / "ws"
     config = ws / "config.ini"

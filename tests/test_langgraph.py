@@ -8,6 +8,7 @@ time travel; storage that grows linearly with the conversation; deletions after 
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import operator
 import sqlite3
@@ -33,7 +34,7 @@ from langgraph.types import Command, interrupt
 
 import stashpoint
 from stashpoint import verify
-from stashpoint.errors import IntegrityError
+from stashpoint.errors import IntegrityError, NotFoundError
 from stashpoint.integrations.langgraph import StashpointSaver
 from stashpoint.session import StashpointWarning
 from stashpoint.verify import VerifyReport, verify_store
@@ -106,6 +107,10 @@ def test_conformance_sqlite(tmp_path: Path) -> None:
 
 def test_conformance_memory() -> None:
     run_conformance("StashpointSaver[memory]", "memory://")
+
+
+def test_conformance_files(tmp_path: Path) -> None:
+    run_conformance("StashpointSaver[files]", f"file://{tmp_path / 'fs'}")
 
 
 def test_conformance_postgres(pg_url: str) -> None:  # noqa: F811
@@ -256,7 +261,7 @@ def test_a_second_saver_sees_the_same_thread(tmp_path: Path) -> None:
 # -- pending writes ------------------------------------------------------------------------------
 
 
-def _thread_steps(saver: StashpointSaver, thread: str, steps: int, size: int = 500) -> None:
+def _thread_steps(saver: StashpointSaver, thread: str, steps: int, size: int = 500) -> Any:
     """A graph whose one node adds a user and an assistant message of ~size bytes per step."""
     text = "lorem ipsum dolor sit amet " * (size // 27 + 1)
 
@@ -275,6 +280,7 @@ def _thread_steps(saver: StashpointSaver, thread: str, steps: int, size: int = 5
     g.add_conditional_edges("agent", lambda s: END if len(s["messages"]) >= 2 * steps else "agent")
     app = g.compile(checkpointer=saver)
     app.invoke({"messages": []}, {**cfg(thread), "recursion_limit": steps + 10}, **SYNC)
+    return app
 
 
 def test_writes_move_into_the_next_checkpoint_as_references(tmp_path: Path) -> None:
@@ -331,6 +337,76 @@ def test_tampering_is_detected(tmp_path: Path) -> None:
         )
     with pytest.raises(IntegrityError, match=ident):
         StashpointSaver(tmp_path / "store").get_tuple(cfg("x"))
+
+
+def test_reads_reuse_decoded_conversations_as_lines_grow_and_fork(tmp_path: Path) -> None:
+    """The saver keeps decoded messages between reads: what it returns stays what a new saver
+    reads from the store, as the line grows, forks, and old views are evicted."""
+    saver = StashpointSaver(tmp_path / "store")
+    saver._views.keep = 1  # evict all but the last log read: fork bases get re-read
+    app = _thread_steps(saver, "r", 10)  # 20 messages: decoded as one msgpack array of 16+
+
+    def same_as_fresh() -> list[Any]:
+        ours = list(saver.list(cfg("r")))
+        fresh = list(StashpointSaver(tmp_path / "store").list(cfg("r")))
+        assert [t.checkpoint for t in ours] == [t.checkpoint for t in fresh]
+        assert [t.pending_writes for t in ours] == [t.pending_writes for t in fresh]
+        return ours
+
+    tuples = same_as_fresh()
+    assert len(tuples[0].checkpoint["channel_values"]["messages"]) == 20
+    again = list(saver.list(cfg("r")))  # second read: from the kept views
+    assert again[0].checkpoint == tuples[0].checkpoint
+    assert (
+        again[0].checkpoint["channel_values"]["messages"]
+        is not (tuples[0].checkpoint["channel_values"]["messages"])
+    )  # a list of its own per tuple, the messages shared
+    # fork from the middle, then grow the main line: views extend and branch
+    past = tuples[6].config
+    app.update_state(past, {"messages": [HumanMessage(content="fork", id="f1")]}, "agent")
+    _thread_steps(saver, "r", 12)  # goes on from the fork: 13 + 2 per step, up to 25
+    tuples = same_as_fresh()
+    forked = [t for t in tuples if t.metadata.get("source") == "update"]
+    assert forked and _contents(forked[0].checkpoint["channel_values"])[-1] == "fork"
+    got = saver.get_tuple(cfg("r"))
+    assert got is not None and len(got.checkpoint["channel_values"]["messages"]) == 25
+    assert len(tuples) > 12 + 1
+    # a late write for an older checkpoint: pending first, then moved into the next record
+    late = tuples[3].config["configurable"]["checkpoint_id"]
+    saver.put_writes(tuples[3].config, [("late", 1)], "late-task")
+
+    def late_writes() -> list[Any]:
+        got = same_as_fresh()
+        return [t.pending_writes for t in got if t.config["configurable"]["checkpoint_id"] == late]
+
+    assert ("late-task", "late", 1) in late_writes()[0]
+    _thread_steps(saver, "r", 13)  # one more step: the pending write moves into its record
+    assert "late-task" not in (saver.store.meta.get_meta("langgraph:pending:lg:r") or "")
+    assert ("late-task", "late", 1) in late_writes()[0]
+    # a tampered message is still caught by a reader that has not read it yet
+    saver.close()
+    with sqlite3.connect(tmp_path / "store" / "store.db") as conn:
+        conn.execute(  # message 3 swapped for message 4
+            "UPDATE messages SET data = (SELECT m.data FROM messages m "
+            "WHERE m.log = messages.log AND m.idx = 4) WHERE idx = 3"
+        )
+    with pytest.raises(IntegrityError, match="conversation log"):
+        StashpointSaver(tmp_path / "store").get_tuple(cfg("r"))
+
+
+@pytest.mark.parametrize("url", ["memory://", "sqlite"])
+def test_blobs_read_many_is_read_in_one_query(tmp_path: Path, url: str) -> None:
+    """What list() uses to fetch every checkpoint's LangGraph fields at once."""
+    store = stashpoint.open(tmp_path / "s" if url == "sqlite" else url)
+    datas = [b"small", b"x" * 5000, bytes(range(256)) * 40]
+    digests = [hashlib.sha256(d).digest() for d in datas]
+    store.meta.put_blobs([store.blobs.encode(h, d) for h, d in zip(digests, datas, strict=True)])
+    got = store.blobs.read_many([*digests, digests[0]])
+    assert got == dict(zip(digests, datas, strict=True))
+    assert set(store.meta.get_blobs([*digests, b"\0" * 32])) == set(digests)
+    with pytest.raises(NotFoundError):
+        store.blobs.read_many([b"\0" * 32])
+    store.close()
 
 
 # -- storage -------------------------------------------------------------------------------------

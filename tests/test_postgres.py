@@ -16,12 +16,7 @@ import pytest
 
 from stashpoint.stores.base import MetadataStore
 from stashpoint.testing.conformance import MetadataStoreConformance
-
-from .backend_checks import (
-    check_concurrent_writers,
-    check_durable_run_resumes,
-    check_rewind_round_trip,
-)
+from stashpoint.testing.engine import EngineConformance
 
 BASE_URL = os.environ.get(
     "STASHPOINT_TEST_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/test"
@@ -60,13 +55,50 @@ class TestPostgresStore(MetadataStoreConformance):
         return lambda: PostgresStore(pg_url)
 
 
-def test_checkpoint_rewind_and_verify_on_postgres(pg_url: str, tmp_path: Path) -> None:
-    check_rewind_round_trip(pg_url, tmp_path)
+def _open_and_count(url: str) -> int:
+    import stashpoint
+
+    with stashpoint.open(url) as store:
+        return len(store.sessions())
 
 
-def test_concurrent_writers_on_postgres_lose_nothing(pg_url: str) -> None:
-    check_concurrent_writers(pg_url)
+def test_many_processes_opening_a_new_store_at_once_migrate_it_once(pg_url: str) -> None:
+    import multiprocessing
+
+    import psycopg
+
+    from stashpoint.stores.postgres import SCHEMA_VERSION
+
+    with multiprocessing.get_context("spawn").Pool(6) as pool:
+        assert pool.map(_open_and_count, [pg_url] * 6) == [0] * 6
+    with psycopg.connect(pg_url) as db:
+        assert db.execute("SELECT version FROM sp_version").fetchall() == [(SCHEMA_VERSION,)]
 
 
-def test_a_durable_run_resumes_on_postgres(pg_url: str) -> None:
-    check_durable_run_resumes(pg_url)
+def test_an_older_schema_is_upgraded_on_open(pg_url: str, tmp_path: Path) -> None:
+    """A store written by the previous schema version (no leases, no server-side commit)
+    keeps its checkpoints and gains the new parts when a newer stashpoint opens it."""
+    import psycopg
+
+    import stashpoint
+
+    with stashpoint.open(pg_url) as store:
+        first = store.session("s").checkpoint({"n": 1})
+    with psycopg.connect(pg_url, autocommit=True) as db:
+        db.execute("DROP FUNCTION sp_commit")
+        db.execute("DROP FUNCTION sp_append")
+        db.execute("DROP TABLE sp_leases")
+        db.execute("UPDATE sp_version SET version = 2")
+    with stashpoint.open(pg_url) as store:
+        run = store.session("s")
+        second = run.checkpoint({"n": 2})
+        assert second.parent == first.id and run.state(first.id) == {"n": 1}
+        lease = store.lease("s")
+        assert lease.token == 1
+        lease.release()
+
+
+class TestPostgresEngine(EngineConformance):
+    @pytest.fixture
+    def store_url(self, pg_url: str) -> str:
+        return pg_url

@@ -9,18 +9,12 @@ from __future__ import annotations
 import os
 import uuid
 from collections.abc import Callable, Iterator
-from pathlib import Path
 
 import pytest
 
 from stashpoint.stores.base import MetadataStore
 from stashpoint.testing.conformance import MetadataStoreConformance
-
-from .backend_checks import (
-    check_concurrent_writers,
-    check_durable_run_resumes,
-    check_rewind_round_trip,
-)
+from stashpoint.testing.engine import EngineConformance
 
 BASE_URL = os.environ.get("STASHPOINT_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
 
@@ -50,13 +44,7 @@ class TestRedisStore(MetadataStoreConformance):
         return lambda: RedisStore(redis_url)
 
 
-def test_checkpoint_rewind_and_verify_on_redis(redis_url: str, tmp_path: Path) -> None:
-    check_rewind_round_trip(redis_url, tmp_path)
-
-
-def test_concurrent_writers_on_redis_lose_nothing(redis_url: str) -> None:
-    check_concurrent_writers(redis_url)
-
-
-def test_a_durable_run_resumes_on_redis(redis_url: str) -> None:
-    check_durable_run_resumes(redis_url)
+class TestRedisEngine(EngineConformance):
+    @pytest.fixture
+    def store_url(self, redis_url: str) -> str:
+        return redis_url

@@ -10,7 +10,7 @@ import pytest
 from stashpoint.stores.base import MetadataStore
 from stashpoint.stores.memory import MemoryStore
 from stashpoint.stores.sqlite import SqliteStore
-from stashpoint.testing.conformance import MetadataStoreConformance
+from stashpoint.testing.conformance import BlobBackendConformance, MetadataStoreConformance
 
 
 class TestMemoryStore(MetadataStoreConformance):
@@ -47,3 +47,19 @@ class TestSqliteStore(MetadataStoreConformance):
         db.close()
         with pytest.raises(SchemaVersionError, match="upgrade stashpoint"):
             SqliteStore(path)
+
+
+class TestLocalBlobStore(BlobBackendConformance):
+    @pytest.fixture
+    def make_backend(self, tmp_path: Path) -> Callable[[], object]:
+        from stashpoint.blobs.local import LocalBlobStore
+
+        return lambda: LocalBlobStore(tmp_path / "blobs")
+
+
+class TestFileStore(MetadataStoreConformance):
+    @pytest.fixture
+    def make_store(self, tmp_path: Path) -> Callable[[], MetadataStore]:
+        from stashpoint.stores.files import FileStore
+
+        return lambda: FileStore(tmp_path / "files")

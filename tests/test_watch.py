@@ -127,3 +127,31 @@ def test_an_unchanged_snapshot_in_watch_mode_keeps_its_counts(tmp_path: Path) ->
     assert first.workspace is not None and again.workspace is not None
     assert (again.workspace.files, again.workspace.bytes) == (1, 3)
     assert again.workspace == first.workspace
+
+
+def test_watch_mode_sees_writes_through_a_hard_link_outside_the_workspace(
+    tmp_path: Path,
+) -> None:
+    """A write through another hard link names no watched path in any inotify event: such
+    files are re-checked at every snapshot instead of being vouched for by events."""
+    ws = tmp_path / "ws"
+    (ws / "sub").mkdir(parents=True)
+    (ws / "sub" / "shared.txt").write_text("v1")
+    (ws / "plain.txt").write_text("plain")
+    outside = tmp_path / "outside.txt"
+    os.link(ws / "sub" / "shared.txt", outside)
+    store = stashpoint.open(tmp_path / "store")
+    run = store.session("w", workspace=ws, watch=True)
+    first = run.checkpoint()
+    run.checkpoint()  # a second, event-driven snapshot: the baseline watch mode relies on
+    with open(outside, "r+b") as f:  # same inode, written in place, through the other link
+        f.write(b"v2-longer")
+    after = run.checkpoint()
+    assert after.workspace is not None and first.workspace is not None
+    assert after.workspace.tree != first.workspace.tree
+    assert after.workspace.tree == _reference_tree(tmp_path, ws, 0)
+    os.unlink(outside)  # back to one link: an ordinary, event-vouched file again
+    (ws / "sub" / "shared.txt").write_text("v3")
+    last = run.checkpoint()
+    assert last.workspace is not None and last.workspace.tree == _reference_tree(tmp_path, ws, 1)
+    store.close()

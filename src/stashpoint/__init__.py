@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 __version__ = "0.1.0"
 
 _EXPORTS = {
+    "ArtifactRef": "stashpoint.model",
     "AsyncSession": "stashpoint.aio",
     "AsyncStore": "stashpoint.aio",
     "Checkpoint": "stashpoint.model",
@@ -25,9 +26,14 @@ _EXPORTS = {
     "ConflictError": "stashpoint.errors",
     "DivergenceError": "stashpoint.durable",
     "Effect": "stashpoint.durable",
+    "EncryptionKeyError": "stashpoint.errors",
     "IntegrityError": "stashpoint.errors",
+    "Lease": "stashpoint.lease",
+    "LeaseHeld": "stashpoint.errors",
+    "LeaseLost": "stashpoint.errors",
     "NotFoundError": "stashpoint.errors",
     "Pending": "stashpoint.durable",
+    "Redactor": "stashpoint.redact",
     "RewindResult": "stashpoint.session",
     "RunPaused": "stashpoint.durable",
     "RunResult": "stashpoint.durable",
@@ -43,12 +49,14 @@ _EXPORTS = {
     "ToolRejected": "stashpoint.durable",
     "UsageError": "stashpoint.errors",
     "current_effect_key": "stashpoint.durable",
+    "generate_key": "stashpoint.crypto",
     "open": "stashpoint._store",
     "open_async": "stashpoint.aio",
     "register_type": "stashpoint.serde",
 }
 
 __all__ = [
+    "ArtifactRef",
     "AsyncSession",
     "AsyncStore",
     "Checkpoint",
@@ -56,9 +64,14 @@ __all__ = [
     "ConflictError",
     "DivergenceError",
     "Effect",
+    "EncryptionKeyError",
     "IntegrityError",
+    "Lease",
+    "LeaseHeld",
+    "LeaseLost",
     "NotFoundError",
     "Pending",
+    "Redactor",
     "RewindResult",
     "RunPaused",
     "RunResult",
@@ -75,6 +88,7 @@ __all__ = [
     "UsageError",
     "__version__",
     "current_effect_key",
+    "generate_key",
     "open",
     "open_async",
     "register_type",
@@ -84,6 +98,7 @@ if TYPE_CHECKING:
     from ._store import Store
     from ._store import open_store as open
     from .aio import AsyncSession, AsyncStore, open_async
+    from .crypto import generate_key
     from .durable import (
         DivergenceError,
         Effect,
@@ -97,7 +112,10 @@ if TYPE_CHECKING:
     )
     from .errors import (
         ConflictError,
+        EncryptionKeyError,
         IntegrityError,
+        LeaseHeld,
+        LeaseLost,
         NotFoundError,
         SchemaVersionError,
         SerializationError,
@@ -105,7 +123,9 @@ if TYPE_CHECKING:
         StoreError,
         UsageError,
     )
-    from .model import Checkpoint
+    from .lease import Lease
+    from .model import ArtifactRef, Checkpoint
+    from .redact import Redactor
     from .serde import register_type
     from .session import CheckpointDiff, RewindResult, Session, StashpointWarning
 

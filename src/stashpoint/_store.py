@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import uuid
 from dataclasses import dataclass
@@ -10,6 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ._fsutil import sweep_temp_files
+from .blobs.backend import BlobBackend
 from .blobs.local import LocalBlobStore
 from .blobs.objects import Blobs
 from .errors import IntegrityError, NotFoundError, StoreError, UsageError
@@ -18,12 +20,16 @@ from .model import Checkpoint
 from .stores.base import CheckpointRow, MetadataStore
 
 if TYPE_CHECKING:
+    from .crypto import Cipher
+    from .lease import Lease
     from .session import Session
 
 __all__ = ["DEFAULT_DIR", "Store", "open_store"]
 
 DEFAULT_DIR = ".stashpoint"
 _DB_NAME = "store.db"
+ENCRYPTION_META = "encryption"
+"""Store meta key marking an encrypted store: cipher, KDF and key id (never the key)."""
 
 
 @dataclass(frozen=True)
@@ -48,13 +54,28 @@ class Store:
         blob_dir: Path | None = None,
         home: Path | None = None,
         key: bytes | None = None,
+        blob_store: BlobBackend | None = None,
+        encryption_key: bytes | None = None,
     ) -> None:
-        self.meta = meta
         self.url = meta.url
+        try:
+            self.cipher = _check_encryption(meta, encryption_key)
+        except BaseException:
+            meta.close()  # refused: do not leak the backend's connection
+            raise
+        """AES-GCM cipher when the store is encrypted (:mod:`stashpoint.crypto`), else None."""
+        if self.cipher is not None:
+            from .stores.encrypted import EncryptedLogs
+
+            meta = EncryptedLogs(meta, self.cipher)
+            key = key if key is not None else self.cipher.mac_key
+        self.meta = meta
         self.home = home
         """Local directory of the store (for caches and link files), if it has one."""
-        self.blobs = Blobs(meta, LocalBlobStore(blob_dir) if blob_dir is not None else None)
-        self.hasher = ChainHasher(key)
+        if blob_store is None and blob_dir is not None:
+            blob_store = LocalBlobStore(blob_dir)
+        self.blobs = Blobs(meta, blob_store, cipher=self.cipher)
+        self.hasher = ChainHasher(key, self.cipher)
         store_id = meta.get_meta("store_id")
         if store_id is None:
             store_id = uuid.uuid4().hex
@@ -70,6 +91,20 @@ class Store:
 
     def sessions(self) -> list[str]:
         return self.meta.sessions()
+
+    def lease(
+        self,
+        session: str,
+        *,
+        ttl: float = 30.0,
+        owner: str | None = None,
+        wait: float = 0.0,
+    ) -> Lease:
+        """Own ``session`` across workers (renewed in the background); pass it to
+        :meth:`session` as ``lease=``. See :mod:`stashpoint.lease`."""
+        from .lease import acquire
+
+        return acquire(self.meta, session, ttl=ttl, owner=owner, wait=wait)
 
     @property
     def gc_epoch(self) -> str:
@@ -177,33 +212,124 @@ class Store:
         self.close()
 
 
-def open_store(url: str | os.PathLike[str] | None = None, *, key: bytes | None = None) -> Store:
+def _check_encryption(meta: MetadataStore, key: bytes | None) -> Cipher | None:
+    """The store's cipher: refuses a missing or wrong key for an encrypted store, and marks a
+    new (empty) store encrypted when a key is given. An existing plaintext store is not
+    encrypted in place: its old rows would stay plaintext, which an encrypted store refuses."""
+    from .crypto import KEY_ENV, KEY_FILE_ENV, Cipher
+    from .errors import EncryptionKeyError
+
+    raw = meta.get_meta(ENCRYPTION_META)
+    if raw is None:
+        if key is None:
+            return None
+        cipher = Cipher(key)
+        empty = not meta.sessions() and all(False for _ in meta.iter_logs())
+        if not empty or any(True for _ in meta.iter_blob_digests()):
+            raise EncryptionKeyError(
+                f"store {meta.url} is not encrypted and already holds data; open it without a "
+                f"key (unset {KEY_ENV} / {KEY_FILE_ENV}), or export bundles and import them "
+                "into a new store opened with the key"
+            )
+        info = {"cipher": "AES-256-GCM", "kdf": "HKDF-SHA256", "key_id": cipher.key_id}
+        meta.set_meta(ENCRYPTION_META, json.dumps(info, sort_keys=True))
+        return cipher
+    try:
+        expected = str(json.loads(raw)["key_id"])
+    except (ValueError, KeyError, TypeError):
+        raise IntegrityError(f"store {meta.url} has a malformed encryption marker") from None
+    if key is None:
+        raise EncryptionKeyError(
+            f"store {meta.url} is encrypted (key id {expected}): set {KEY_ENV} (64 hex digits) "
+            f"or {KEY_FILE_ENV}, or pass encryption_key="
+        )
+    cipher = Cipher(key)
+    if cipher.key_id != expected:
+        raise EncryptionKeyError(
+            f"wrong key for store {meta.url}: it is encrypted under key id {expected}, "
+            f"the key given has id {cipher.key_id}"
+        )
+    return cipher
+
+
+def open_store(
+    url: str | os.PathLike[str] | None = None,
+    *,
+    key: bytes | None = None,
+    blobs: str | None = None,
+    mirror: str | os.PathLike[str] | None = None,
+    encryption_key: bytes | None = None,
+) -> Store:
     """Open a store by URL or path; default ``./.stashpoint`` (SQLite + local blobs).
+
+    With ``mirror`` (another store URL), every checkpoint is also written there and reads fall
+    back to it; see :mod:`stashpoint.mirror`.
 
     Accepted: a directory path, ``sqlite:///path/to/dir`` (or ``…/file.db``), ``memory://``,
     ``postgresql://user@host/db`` (``pip install 'stashpoint[postgres]'``),
-    ``redis://host:6379/0?prefix=sp:`` (``pip install 'stashpoint[redis]'``).
+    ``redis://host:6379/0?prefix=sp:`` (``pip install 'stashpoint[redis]'``),
+    ``file:///path/to/dir`` (every checkpoint a readable JSON document).
+
+    ``blobs="s3://bucket/prefix"`` (or ``?blobs=s3://bucket/prefix`` in the URL; ``pip install
+    'stashpoint[s3]'``) keeps chunks of large files and packs in an S3-compatible bucket. The
+    store remembers it, so later opens need not repeat it.
+
+    ``key`` makes the hash chain keyed (HMAC); ``encryption_key`` (32 bytes; default
+    ``$STASHPOINT_KEY`` or ``$STASHPOINT_KEY_FILE``) encrypts a new store at rest and is
+    required to open an encrypted one (``pip install 'stashpoint[encryption]'``). Encryption
+    also keys the chain, with a MAC key derived from the encryption key unless ``key`` is given.
     """
+    if encryption_key is None:
+        from .crypto import key_from_env
+
+        encryption_key = key_from_env()
+    if mirror is not None:
+        from .mirror import mirrored
+
+        try:
+            primary = open_store(url, key=key, blobs=blobs, encryption_key=encryption_key)
+        except StoreError as exc:
+            raise StoreError(
+                f"{exc}; to read from the mirror alone, open it as the store ({os.fspath(mirror)})"
+            ) from exc
+        return mirrored(
+            primary,
+            os.fspath(mirror),
+            lambda u: open_store(u, key=key, encryption_key=encryption_key),
+        )
     text = os.fspath(url) if url is not None else DEFAULT_DIR
+    text, blobs = _split_blobs(text, blobs)
+    kw: dict[str, Any] = {"key": key, "encryption_key": encryption_key}
     if text.startswith("memory://"):
         from .stores.memory import MemoryStore
 
-        return Store(MemoryStore(), key=key)
+        ms = MemoryStore()
+        return Store(ms, blob_store=_blob_store(ms, blobs), **kw)
     if text.startswith(("postgresql://", "postgres://")):
         from .stores.postgres import PostgresStore
 
-        return Store(PostgresStore(text), key=key)  # blobs in the database: shared by all
+        pg = PostgresStore(text)  # blobs in the database (or S3): shared by all
+        return Store(pg, blob_store=_blob_store(pg, blobs), **kw)
+    if blobs is not None and text.startswith(("redis://", "rediss://", "unix://")):
+        raise UsageError(
+            "a Redis store keeps every blob in Redis: its garbage collection cannot delete "
+            "S3 objects atomically with their marks; use SQLite or PostgreSQL with S3 blobs"
+        )
     if text.startswith(("redis://", "rediss://", "unix://")):
         from .stores.redis import RedisStore
 
-        return Store(RedisStore(text), key=key)
+        return Store(RedisStore(text), **kw)
+    if text.startswith("file://"):
+        if blobs is not None:
+            raise UsageError("a file:// store keeps its blobs in its own directory")
+        return _open_file_store(text[len("file://") :], kw)
     if text.startswith("sqlite://"):
         text = text[len("sqlite://") :] or DEFAULT_DIR  # sqlite:///abs/path -> /abs/path
     elif "://" in text:
         scheme = text.split("://", 1)[0]
         raise UsageError(
             f"unsupported store URL scheme {scheme!r}: this build knows sqlite:// (default, "
-            "or a plain path), postgresql://, redis:// and memory://"
+            "or a plain path), file://, postgresql://, redis:// and memory://"
         )
     path = Path(text).expanduser()
     from .stores.sqlite import SqliteStore
@@ -220,7 +346,81 @@ def open_store(url: str | os.PathLike[str] | None = None, *, key: bytes | None =
         sweep_temp_files(home / "blobs" / "packs", recursive=False)
     except OSError as exc:
         raise StoreError(f"cannot open store directory {home}: {exc.strerror}") from exc
-    return Store(SqliteStore(db), blob_dir=home / "blobs", home=home.resolve(), key=key)
+    sq = SqliteStore(db)
+    try:
+        s3 = _blob_store(sq, blobs)
+    except BaseException:
+        sq.close()
+        raise
+    return Store(sq, blob_dir=home / "blobs", home=home.resolve(), blob_store=s3, **kw)
+
+
+_BLOBS_KEY = "blobs_url"
+
+
+def _split_blobs(text: str, blobs: str | None) -> tuple[str, str | None]:
+    """Take ``blobs=…`` out of a store URL's query (other parameters stay as written)."""
+    base, sep, query = text.partition("?")
+    if not sep or "blobs=" not in query:
+        return text, blobs
+    from urllib.parse import unquote
+
+    keep, found = [], None
+    for part in query.split("&"):
+        if part.startswith("blobs="):
+            found = unquote(part[len("blobs=") :])
+        else:
+            keep.append(part)
+    if blobs is not None and found is not None and found != blobs:
+        raise UsageError(f"two blob locations given: {found!r} in the URL and {blobs!r}")
+    return (base + "?" + "&".join(keep) if keep else base), blobs or found
+
+
+def _blob_store(meta: MetadataStore, blobs: str | None) -> BlobBackend | None:
+    """The S3 blob store a store was created with (recorded in its meta), or None.
+
+    Recorded so that every later open finds its blobs; refused for a store that already has
+    checkpoints with their blobs elsewhere (they would be unreachable from here).
+    """
+    recorded = meta.get_meta(_BLOBS_KEY)
+    if blobs is None and recorded is None:
+        return None
+    if blobs is not None and not blobs.startswith("s3://"):
+        raise UsageError(f"unsupported blob location {blobs!r}: expected s3://BUCKET/PREFIX")
+    if blobs is not None and recorded is not None and blobs.rstrip("/") != recorded:
+        raise UsageError(f"this store keeps its blobs in {recorded}, not in {blobs}")
+    from .blobs.s3 import S3BlobStore
+
+    s3 = S3BlobStore(recorded or str(blobs))
+    if recorded is None and meta.sessions():
+        raise UsageError(
+            "this store already has checkpoints whose blobs are kept elsewhere; S3 blobs "
+            "can be chosen only when a store is created (copy it: stashpoint copy)"
+        )
+    store_id = meta.get_meta("store_id")
+    if store_id is None:  # the id Store() would give it, given now to claim the prefix
+        store_id = uuid.uuid4().hex
+        meta.set_meta("store_id", store_id)
+    s3.claim(store_id)
+    if recorded is None:
+        meta.set_meta(_BLOBS_KEY, s3.url.rstrip("/"))
+    return s3
+
+
+def _open_file_store(text: str, kw: dict[str, Any]) -> Store:
+    """``file:///dir``: readable JSON documents (see :mod:`stashpoint.stores.files`)."""
+    from .stores.files import FileStore
+
+    if not text:
+        raise UsageError("file:// needs a directory, e.g. file:///home/me/checkpoints")
+    home = Path(text).expanduser()
+    meta = FileStore(home)  # creates the directory
+    try:
+        sweep_temp_files(home / "cache", recursive=False)
+        sweep_temp_files(home / "blobs" / "packs", recursive=False)
+    except OSError as exc:
+        raise StoreError(f"cannot open store directory {home}: {exc.strerror}") from exc
+    return Store(meta, blob_dir=home / "blobs", home=home.resolve(), **kw)
 
 
 def config_hash(config: Any) -> str | None:

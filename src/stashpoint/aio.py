@@ -72,10 +72,12 @@ from ._store import Store, open_store
 from .errors import UsageError
 
 if TYPE_CHECKING:
+    from pathlib import Path
     from types import TracebackType
 
     from .durable import Effect, Pending, RunResult, Task
-    from .model import Checkpoint
+    from .lease import Lease
+    from .model import ArtifactRef, Checkpoint
     from .session import CheckpointDiff, RewindResult, Session
 
 __all__ = ["AsyncSession", "AsyncStore", "open", "open_async"]
@@ -196,6 +198,12 @@ class AsyncStore:
     async def sessions(self) -> list[str]:
         return await self._in_pool(self.sync.sessions)
 
+    async def lease(
+        self, session: str, *, ttl: float = 30.0, owner: str | None = None, wait: float = 0.0
+    ) -> Lease:
+        """Own ``session`` across workers; pass it to :meth:`session` as ``lease=``."""
+        return await self._in_pool(self.sync.lease, session, ttl=ttl, owner=owner, wait=wait)
+
     async def run_sync(
         self, fn: Callable[Concatenate[Store, P], T], /, *args: P.args, **kwargs: P.kwargs
     ) -> T:
@@ -234,6 +242,9 @@ async def open(
     url: str | os.PathLike[str] | None = None,
     *,
     key: bytes | None = None,
+    blobs: str | None = None,
+    mirror: str | os.PathLike[str] | None = None,
+    encryption_key: bytes | None = None,
     max_workers: int | None = None,
 ) -> AsyncStore:
     """Open a store by URL or path (see :func:`stashpoint.open`) without blocking the loop.
@@ -241,7 +252,17 @@ async def open(
     ``async with await stashpoint.aio.open(url) as store:`` closes it at the end.
     """
     loop = asyncio.get_running_loop()
-    fut = loop.run_in_executor(None, functools.partial(open_store, url, key=key))
+    fut = loop.run_in_executor(
+        None,
+        functools.partial(
+            open_store,
+            url,
+            key=key,
+            blobs=blobs,
+            mirror=mirror,
+            encryption_key=encryption_key,
+        ),
+    )
     try:
         store = await asyncio.shield(fut)
     except asyncio.CancelledError:
@@ -344,6 +365,7 @@ class AsyncSession:
         progress: Callable[[int, int], None] | None = None,
         skip_unchanged: bool = False,
         status: str | None = None,
+        artifacts: Mapping[str, str | os.PathLike[str] | None] | None = None,
     ) -> Checkpoint:
         """Record a checkpoint of ``state`` and the workspace, atomically (see
         :meth:`Session.checkpoint`).
@@ -364,18 +386,46 @@ class AsyncSession:
             progress=progress,
             skip_unchanged=skip_unchanged,
             status=status,
+            artifacts=artifacts,
         )
+
+    async def artifacts(self, ref: str | Checkpoint | None = None) -> dict[str, ArtifactRef]:
+        return await self._call(self.sync.artifacts, ref)
+
+    async def fetch_artifact(
+        self,
+        ref: str | Checkpoint | None,
+        name: str,
+        dest: str | os.PathLike[str],
+        *,
+        progress: Callable[[int, int], None] | None = None,
+    ) -> Path:
+        """Write an artifact to ``dest`` atomically (see :meth:`Session.fetch_artifact`)."""
+        return await self._call(self.sync.fetch_artifact, ref, name, dest, progress=progress)
 
     async def label(self, ref: str, label: str | None) -> Checkpoint:
         return await self._call(self.sync.label, ref, label)
 
     async def rewind(
-        self, ref: str, *, files: bool = True, state: bool = True, compensate: bool = False
+        self,
+        ref: str,
+        *,
+        files: bool = True,
+        state: bool = True,
+        compensate: bool = False,
+        artifacts: bool | Mapping[str, str | os.PathLike[str] | None] = False,
+        progress: Callable[[int, int], None] | None = None,
     ) -> RewindResult:
         """Go back to a checkpoint: files, state, or both (see :meth:`Session.rewind`);
         compensations it runs run in the worker thread."""
         return await self._call(
-            self.sync.rewind, ref, files=files, state=state, compensate=compensate
+            self.sync.rewind,
+            ref,
+            files=files,
+            state=state,
+            compensate=compensate,
+            artifacts=artifacts,
+            progress=progress,
         )
 
     async def fork(
@@ -505,6 +555,10 @@ class AsyncSession:
     def track(self, provider: Callable[[], Mapping[str, Any]]) -> Callable[[], Mapping[str, Any]]:
         """Register what automatic checkpoints of a durable run record as state."""
         return self.sync.track(provider)
+
+    async def close(self) -> None:
+        """Release the lease the session took (after every queued call has finished)."""
+        await self._call(self.sync.close)
 
 
 def _nothing() -> None:

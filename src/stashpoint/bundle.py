@@ -75,6 +75,7 @@ __all__ = [
     "VERSION",
     "Bundle",
     "BundleWriter",
+    "Clash",
     "ExportReport",
     "ImportReport",
     "Limits",
@@ -120,6 +121,11 @@ def _damaged(msg: str) -> IntegrityError:
 
 def _refused(msg: str) -> UsageError:
     return UsageError(f"refusing bundle: {msg}")
+
+
+class Clash(UsageError):
+    """The store holds an id of the bundle with other contents, or a branch whose history
+    differs: refused (exit 1 for an import; ``stashpoint copy`` reports it as a conflict)."""
 
 
 @dataclass(frozen=True)
@@ -269,6 +275,21 @@ def iter_entries(path: str | os.PathLike[str]) -> Iterator[RawEntry]:
             yield RawEntry(kind, name, codec, size, payload)
 
 
+def manifest_keyed(path: str | os.PathLike[str]) -> bool | None:
+    """Whether a bundle's manifest says its records are HMAC-sealed (None: cannot tell). A
+    peek, bounded and unchecked, to pick the key to check it with; :func:`read_bundle` checks."""
+    try:
+        with open(path, "rb") as f:
+            f.read(_HEADER.size)
+            kind, codec, nlen, size, plen, _sha = _ENTRY.unpack(f.read(_ENTRY.size))
+            if kind != MANIFEST or plen > 1 << 20 or size > 1 << 20:
+                return None
+            f.read(nlen)
+            return _manifest_dec.decode(decode_payload(codec, size, f.read(plen))).keyed
+    except (OSError, struct.error, msgspec.DecodeError, IntegrityError, UsageError):
+        return None
+
+
 def decode_payload(codec: int, size: int, payload: bytes, what: str = "entry") -> bytes:
     """Content of a payload, bounded by its declared size, or IntegrityError.
 
@@ -409,7 +430,7 @@ class _Checker:
         self.c = c
         self.parsed = parsed or {}
         """Trees already checked by :func:`parse_tree` (export parses each once)."""
-        self.hasher = hasher
+        self.hasher = hasher.plain()  # bundles carry plaintext bodies
         self.limits = limits
         self.used: set[bytes] = set()
         self.chunks: set[bytes] = set()
@@ -580,6 +601,19 @@ class _Checker:
                 )
             if nbytes > self.limits.max_restore:
                 raise _refused(f"checkpoint {cp.id}'s files would expand to {nbytes} bytes")
+        for name, art in cp.artifacts.items():
+            # The name and path are checked like tree names: a rewind writes to that path.
+            what = f"checkpoint {cp.id}: artifact {name!r}"
+            _check_text("artifact name", name)
+            _check_text("artifact path", art.path)
+            if not _HEX.fullmatch(art.digest):
+                raise _damaged(f"{what} has a bad digest")
+            if not os.path.isabs(art.path) or ".." in Path(art.path).parts:
+                raise _refused(f"{what} names an unsafe path {art.path!r}")
+            if self._content_size(bytes.fromhex(art.digest), what) != art.size:
+                raise _damaged(f"{what} declares {art.size} bytes, its content differs")
+            if art.size > self.limits.max_restore:
+                raise _refused(f"{what} would expand to {art.size} bytes")
 
     def _content_size(self, digest: bytes, what: str) -> int:
         c = self.c
@@ -1041,7 +1075,7 @@ class _Exporter:
         w = self._w = BundleWriter(f)
         w.add(MANIFEST, "manifest", msgspec.json.encode(c.manifest))
         for row, cp in zip(rows, cps, strict=True):
-            rec = RecordEntry(row.digest, row.body)
+            rec = RecordEntry(row.digest, self.store.hasher.plain_body(row.id, row.body))
             c.records[cp.id] = rec
             w.add(RECORD, cp.id, _msgpack.encode(rec))
         for name, entry in self._logs(cps_full).items():
@@ -1052,6 +1086,8 @@ class _Exporter:
                 self._blob(bytes.fromhex(hexd))
             if cp.workspace is not None:
                 self._tree(bytes.fromhex(cp.workspace.tree))
+            for art in cp.artifacts.values():
+                self._blob(bytes.fromhex(art.digest))
         _Checker(c, self.store.hasher, Limits(), self.parsed).run()  # import would accept it
         self.writer_bytes = w.bytes
         return w.finish()
@@ -1133,7 +1169,8 @@ class _Exporter:
         codec, size, data = row or self.blobs._fetch(digest)
         if codec == BlobCodec.PACKED:
             codec, data = self.blobs._unpack(digest, data)
-        content = self.blobs._decode(digest, codec, size, data)
+        codec, data = self.blobs.open_frame(digest, codec, data)  # bundles hold plaintext
+        content = self.blobs.inflate(digest, codec, size, data)
         if codec == BlobCodec.ZSTD and zstandard.frame_content_size(data) == size:
             return ZSTD, size, data, content
         return RAW, size, content, content
@@ -1246,13 +1283,21 @@ def import_bundle(
     if checked is None:
         raise UsageError("import_bundle needs a bundle from read_bundle")
     m = bundle.manifest
-    if m.keyed != store.hasher.keyed:
-        raise _refused("it was checked under another key than this store's")
+    if as_session is None and m.keyed != store.hasher.keyed:
+        raise _refused(
+            "it was checked under another key than this store's; import it as a new session "
+            "(--as NAME) to seal its records again under this store's key"
+        )
     session = as_session or m.session
     _check_text("session name", session)
     report = ImportReport(session, bundle.digest, dry_run=dry_run)
     meta = store.meta
-    records = [(store.hasher.open(cp.id, rec.body, rec.digest), rec) for cp, rec in checked.records]
+    if as_session is None:
+        plain = store.hasher.plain()  # bundles carry plaintext bodies; sealed again on write
+        records = [(plain.open(cp.id, rec.body, rec.digest), rec) for cp, rec in checked.records]
+    else:  # checked by read_bundle under the key it was given, sealed again under ours: this
+        records = list(checked.records)  # is how a store is encrypted or re-keyed
+
     if as_session is not None:
         if meta.branches(session) or meta.list_checkpoints(session, limit=1):
             raise UsageError(f"session {session!r} exists in this store; --as needs a new name")
@@ -1262,7 +1307,14 @@ def import_bundle(
     else:
         log_ids = {name: name for name in checked.logs}
         rows = [
-            CheckpointRow(cp.id, cp.session, cp.branch, cp.parent, rec.body, rec.digest)
+            CheckpointRow(
+                cp.id,
+                cp.session,
+                cp.branch,
+                cp.parent,
+                store.hasher.store_body(cp.id, rec.body),
+                rec.digest,
+            )
             for cp, rec in records
         ]
         new_rows = []
@@ -1271,9 +1323,9 @@ def import_bundle(
             if existing is None:
                 new_rows.append(row)
             elif existing.digest != row.digest:
-                raise _refused(
-                    f"checkpoint {row.id} exists in this store with other contents; "
-                    "refusing to overwrite it"
+                raise Clash(
+                    f"refusing bundle: checkpoint {row.id} exists in this store with other "
+                    "contents; refusing to overwrite it"
                 )
             else:
                 report.present += 1
@@ -1372,11 +1424,11 @@ def _plan_logs(
             plans.append(_LogPlan(target, start, entry.rows, new))
             continue
         if (info.session, info.parent, info.parent_len) != (session, parent, entry.parent_len):
-            raise _refused(f"log {target} exists in this store with another origin")
+            raise Clash(f"refusing bundle: log {target} exists in this store with another origin")
         overlap = min(info.length, start + len(entry.rows))
         have = meta.read_messages(target, start, overlap) if overlap > start else []
         if [(r.chain, r.data) for r in have] != entry.rows[: overlap - start]:
-            raise _refused(f"log {target} exists in this store with other entries")
+            raise Clash(f"refusing bundle: log {target} exists in this store with other entries")
         if start + len(entry.rows) > info.length:
             plans.append(_LogPlan(target, info.length, entry.rows[info.length - start :], None))
     return plans
@@ -1401,7 +1453,7 @@ def _head_action(
             return "kept", current  # the store is ahead of the bundle on this branch
         row = store.meta.get_checkpoint(node)
         node, steps = (row.parent if row else None), steps + 1
-    raise UsageError(
+    raise Clash(
         f"branch {branch!r} of session {session!r} has another history here (head {current}) "
         f"than in the bundle (head {head}); import it as a new session with --as NAME"
     )
@@ -1431,8 +1483,8 @@ def _write_objects(
     for digest, slot in sorted(bundle.slots.items(), key=lambda kv: kv[1].offset):
         if digest in have:
             continue
-        codec = BlobCodec.ZSTD if slot.codec == ZSTD else BlobCodec.RAW
-        payload = bundle.payload(digest)
+        codec: int = BlobCodec.ZSTD if slot.codec == ZSTD else BlobCodec.RAW
+        codec, payload = blobs.seal_frame(digest, codec, bundle.payload(digest))
         if digest in checked.chunks and local is not None:
             local.put(digest, codec, slot.size, payload)
         else:

@@ -51,7 +51,14 @@ import msgspec
 
 from . import serde
 from ._ids import new_id
-from .errors import ConflictError, IntegrityError, NotFoundError, StashpointError, UsageError
+from .errors import (
+    ConflictError,
+    IntegrityError,
+    LeaseLost,
+    NotFoundError,
+    StashpointError,
+    UsageError,
+)
 from .integrity import EMPTY_CHAIN, message_chain
 from .model import Checkpoint, LogRef, utc_now_iso
 from .stores.base import LogAppend, LogInfo
@@ -374,14 +381,24 @@ class Journal:
         if self.record is None:
             self.start()
         assert self.log is not None
+        if self.session.redactor is not None:  # step results and arguments may hold secrets
+            entry = self.session.redactor(entry)
         data = _json.encode(entry)
         prev = self.chains[-1] if self.chains else EMPTY_CHAIN
         chain = message_chain(prev, data)
         start = len(self.entries)
         try:
             self.session.store.meta.append_log(
-                LogAppend(self.log, start, [(bytes.fromhex(chain), data)], self.new)
+                LogAppend(
+                    self.log,
+                    start,
+                    [(bytes.fromhex(chain), data)],
+                    self.new,
+                    fence=self.session.fence,
+                )
             )
+        except LeaseLost:
+            raise
         except ConflictError:
             raise ConflictError(
                 f"session {self.session.name!r} branch {self.session.branch!r} is being run by "

@@ -2,6 +2,7 @@
 
     StashpointError                      exit 1
     ├── UsageError                       exit 1   bad arguments, refused workspace roots
+    │   └── EncryptionKeyError           exit 1   encrypted store opened without / with another key
     ├── NotFoundError                    exit 1   unknown checkpoint, session or branch
     ├── SerializationError               exit 1   a value of a type the allowlist does not know
     ├── StoreError                       exit 1   the backend failed (wrapped driver error)
@@ -16,7 +17,10 @@ from __future__ import annotations
 
 __all__ = [
     "ConflictError",
+    "EncryptionKeyError",
     "IntegrityError",
+    "LeaseHeld",
+    "LeaseLost",
     "NotFoundError",
     "SchemaVersionError",
     "SerializationError",
@@ -34,6 +38,11 @@ class StashpointError(Exception):
 
 class UsageError(StashpointError):
     """The caller asked for something that cannot be done as asked."""
+
+
+class EncryptionKeyError(UsageError):
+    """The store is encrypted and no key, or another key, was given (nothing is damaged: the
+    caller must supply the right key), or a key was given for a store that holds plaintext."""
 
 
 class NotFoundError(StashpointError):
@@ -73,3 +82,16 @@ class ConflictError(StashpointError):
     """Another writer moved the branch head (compare-and-set failed) or a lease was lost."""
 
     exit_code = 3
+
+
+class LeaseHeld(ConflictError):
+    """Another worker owns the session's lease and it has not expired."""
+
+    def __init__(self, message: str, *, owner: str | None = None, expires_in: float = 0.0):
+        super().__init__(message)
+        self.owner = owner
+        self.expires_in = expires_in
+
+
+class LeaseLost(ConflictError):
+    """This worker's lease was taken over (it expired): its writes are fenced off."""

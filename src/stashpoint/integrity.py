@@ -4,17 +4,25 @@ The canonical form is JSON with sorted keys and the ``digest`` field emptied; th
 SHA-256 over a domain prefix plus that form. Because the form contains ``parent_digest``, a
 record's digest commits to its whole ancestry. With a key (kept outside the store) the digest
 becomes HMAC-SHA256, so someone who can write the store cannot re-hash a forged chain.
+
+With a cipher (an encrypted store, :mod:`stashpoint.crypto`) the stored body is the canonical
+form sealed with AES-GCM, bound to the checkpoint id; the digest is still computed over the
+plaintext form, so a bundle (which carries plaintext bodies) verifies under the same key.
 """
 
 from __future__ import annotations
 
 import hashlib
 import hmac
+from typing import TYPE_CHECKING
 
 import msgspec
 
 from .errors import IntegrityError, SchemaVersionError
 from .model import FORMAT_VERSION, Checkpoint
+
+if TYPE_CHECKING:
+    from .crypto import Cipher
 
 __all__ = ["ChainHasher", "blob_digest", "canonical_body", "message_chain"]
 
@@ -40,8 +48,28 @@ def canonical_body(cp: Checkpoint) -> bytes:
 class ChainHasher:
     """Seals and opens checkpoint records; keyed (HMAC) when given a key."""
 
-    def __init__(self, key: bytes | None = None) -> None:
+    def __init__(self, key: bytes | None = None, cipher: Cipher | None = None) -> None:
         self._key = key
+        self.cipher = cipher
+
+    def plain(self) -> ChainHasher:
+        """The same MAC without the cipher: for bundles, which carry plaintext bodies."""
+        return ChainHasher(self._key) if self.cipher is not None else self
+
+    def store_body(self, ident: str, body: bytes) -> bytes:
+        """What to store for a plaintext canonical body (sealed when the store is encrypted)."""
+        if self.cipher is None:
+            return body
+        return self.cipher.seal(body, b"record\0" + ident.encode())
+
+    def plain_body(self, ident: str, stored: bytes) -> bytes:
+        """The canonical body of a stored record (IntegrityError if it will not decrypt)."""
+        if self.cipher is None:
+            return stored
+        try:
+            return self.cipher.open(stored, b"record\0" + ident.encode(), f"checkpoint {ident}")
+        except IntegrityError as exc:
+            raise IntegrityError(str(exc), checkpoint=ident) from None
 
     @property
     def keyed(self) -> bool:
@@ -55,10 +83,11 @@ class ChainHasher:
     def seal(self, cp: Checkpoint) -> tuple[Checkpoint, bytes]:
         """Return the record with its digest set, and the body bytes to store."""
         body = canonical_body(cp)
-        return msgspec.structs.replace(cp, digest=self.digest(body)), body
+        return msgspec.structs.replace(cp, digest=self.digest(body)), self.store_body(cp.id, body)
 
     def open(self, ident: str, body: bytes, digest: str) -> Checkpoint:
         """Verify and decode a stored record; any mismatch names the checkpoint."""
+        body = self.plain_body(ident, body)
         if not hmac.compare_digest(self.digest(body), digest):
             raise IntegrityError(
                 f"checkpoint {ident} is corrupt: its record does not match its digest",

@@ -15,6 +15,7 @@ import msgspec
 
 __all__ = [
     "FORMAT_VERSION",
+    "ArtifactRef",
     "Checkpoint",
     "ConversationRef",
     "Kind",
@@ -66,6 +67,20 @@ class WorkspaceRef(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     """Total size of the regular files, uncompressed."""
 
 
+class ArtifactRef(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """A large file outside the workspace attached to a checkpoint by name (SPEC C25)."""
+
+    digest: str
+    """SHA-256 hex of the content: a blob, or a list of content-defined chunks."""
+    size: int
+    path: str
+    """Absolute path it was attached from: where a rewind puts it back by default."""
+    mode: int = 0o644
+    """Permission bits of the file when attached."""
+    chunks: int = 1
+    """Number of content-defined chunks it is stored as."""
+
+
 class Checkpoint(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
     """One immutable node of a session's checkpoint DAG.
 
@@ -105,6 +120,10 @@ class Checkpoint(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_onl
     ``completed`` or ``failed``; None for checkpoints outside a durable run."""
     meta: dict[str, Any] = {}
     """Free-form application metadata (JSON types only)."""
+    artifacts: dict[str, ArtifactRef] = {}
+    """Name -> large file outside the workspace (see :mod:`stashpoint.artifacts`). Records
+    written before artifacts existed lack the key and decode to ``{}``; their stored bodies
+    still verify, since digests are over the stored bytes."""
     digest: str = ""
 
     @property

@@ -14,9 +14,11 @@ import hashlib
 import json
 import os
 import platform
+import random
 import threading
+import time
 import warnings
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec, TypeVar, cast, overload
@@ -29,19 +31,26 @@ from ._store import Store, config_hash
 from .errors import (
     ConflictError,
     IntegrityError,
+    LeaseHeld,
+    LeaseLost,
     NotFoundError,
     SchemaVersionError,
     StashpointError,
     UsageError,
 )
 from .integrity import EMPTY_CHAIN, message_chain
+from .lease import DEFAULT_TTL, Lease
+from .lease import acquire as acquire_lease
 from .model import KINDS, Checkpoint, ConversationRef, LogRef, StateRef, WorkspaceRef, utc_now_iso
+from .redact import Redactor, make_redactor
 from .retention import check_not_pruned
-from .stores.base import BlobRow, CheckpointRow, Commit, LogAppend, LogInfo
+from .stores.base import BlobRow, CheckpointRow, Commit, Fence, LogAppend, LogInfo
 from .workspace import Change, RestoreStats, Workspace, check_root
+from .workspace.restore import RestoreBlocked
 
 if TYPE_CHECKING:
     from .durable import Durable, Effect, Pending, RunResult, Task
+    from .model import ArtifactRef
     from .notify import Notifier
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -56,6 +65,15 @@ __all__ = [
 ]
 
 _MAX_RETRIES = 50
+
+
+def _backoff(attempt: int) -> None:
+    """Jittered exponential pause after losing a head race: writers that collided once would
+    otherwise collide again at once (up to 50 ms; the first retry is immediate)."""
+    if attempt:
+        time.sleep(random.uniform(0, min(0.05, 0.0005 * 2**attempt)))
+
+
 _LINK_FILE = ".stashpoint"
 _INHERIT: Any = object()
 _POLICIES = ("step", "tool", "task")
@@ -158,9 +176,18 @@ class Session:
             while a single step runs (long steps), from a background thread.
         validators: functions that check a state an operator edited (:meth:`edit`): raise,
             or return False or an error message, to refuse it.
+        lease: own the session while this object writes to it (many workers sharing one
+            store): ``True`` (default ttl), a ttl in seconds, or a :class:`~stashpoint.Lease`
+            from :meth:`Store.lease`. Every write then carries the lease's fencing token;
+            :meth:`close` releases it. Held by another live worker: :class:`LeaseHeld`.
         watch: keep an inotify watch on the workspace (Linux) so that each snapshot re-reads
             only the directories that changed instead of stat-ing every file; for long-running
             agents that checkpoint often. Falls back to scanning wherever it cannot vouch.
+        redact: scrub secrets (API keys, tokens, private keys, values of keys named like
+            ``password``) from state, conversation, message and meta before anything is
+            persisted: True, False, a ``{name: regex}`` of extra patterns, or a callable.
+            Default: on, unless ``[tool.stashpoint] redact = false``. See
+            :mod:`stashpoint.redact`.
     """
 
     def __init__(
@@ -181,9 +208,13 @@ class Session:
         notify: Notifier | None = None,
         checkpoint_interval: float | None = None,
         validators: Iterable[Callable[[dict[str, Any]], Any]] = (),
+        lease: Lease | bool | float | None = None,
+        redact: bool | Mapping[str, str] | Callable[[Any], Any] | None = None,
     ) -> None:
         if not name or "\0" in name:
             raise UsageError("a session needs a non-empty name")
+        self.redactor = make_redactor(redact, Path(workspace) if workspace is not None else None)
+        self._redacted: tuple[list[Any], list[Any]] = ([], [])  # last list: given, redacted
         self.store = store
         self.name = name
         self.conversation_key = conversation_key
@@ -223,7 +254,37 @@ class Session:
         self._durable: Durable | None = None
         self._run_record: Any = _INHERIT  # the branch's durable-run record, read on first use
         self._write_lock = threading.RLock()
+        self.lease: Lease | None = None
+        self._owns_lease = False
+        if isinstance(lease, Lease):
+            if lease.session != name:
+                raise UsageError(f"that lease covers session {lease.session!r}, not {name!r}")
+            self.lease = lease
+        elif lease is not None and lease is not False:
+            ttl = DEFAULT_TTL if lease is True else float(lease)
+            self.lease = acquire_lease(store.meta, name, ttl=ttl)
+            self._owns_lease = True
         self.complete_interrupted_restore()
+
+    @property
+    def fence(self) -> Fence | None:
+        """The fencing token every write carries while this session holds a lease."""
+        if self.lease is None:
+            return None
+        self.lease.check()
+        return self.lease.fence
+
+    def close(self) -> None:
+        """Release the lease this session took (if any); the session is unusable for writes
+        after that. Sessions without a lease hold nothing that needs closing."""
+        if self.lease is not None and self._owns_lease:
+            self.lease.release()
+
+    def __enter__(self) -> Session:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
     # -- checkouts: which branch a workspace follows --------------------------------------
     def _checkout_key(self) -> str | None:
@@ -410,9 +471,15 @@ class Session:
         skip_unchanged: bool = False,
         status: str | None = None,
         journal: LogRef | None = _INHERIT,
+        artifacts: Mapping[str, str | os.PathLike[str] | None] | None = None,
     ) -> Checkpoint:
         """Record a checkpoint of ``state`` (default: the head's state, unchanged) and the
         workspace (when the session has one and ``files`` is true), atomically.
+
+        ``artifacts`` attaches large files outside the workspace by name (``{"weights":
+        path}``; None detaches a name), stored as content-defined chunks (SPEC C25). A
+        checkpoint keeps its parent's other artifacts: attach a name again when its file
+        changed.
 
         With ``skip_unchanged`` and no ``state``, a workspace identical to the head's returns
         the head instead of recording a duplicate (what agent hooks that fire after every tool
@@ -420,6 +487,8 @@ class Session:
         """
         if kind not in KINDS:
             raise UsageError(f"unknown checkpoint kind {kind!r}; one of {', '.join(KINDS)}")
+        if self.redactor is not None:
+            state, message, meta = self._redact(state, message, meta)
         ws_ref: WorkspaceRef | None = None
         ws_rows: list[BlobRow] = []
         if files and self.workspace is not None:
@@ -437,6 +506,7 @@ class Session:
             if (
                 skip_unchanged
                 and state is None
+                and not artifacts
                 and head is not None
                 and head.workspace is not None
                 and head.workspace.tree == ws_ref.tree
@@ -453,6 +523,12 @@ class Session:
             if msgs is not None and not isinstance(msgs, list):
                 raise UsageError(f"state[{self.conversation_key!r}] must be a list of messages")
         meta_tree = serde.to_tree(dict(meta)) if meta else {}
+        art_refs: Mapping[str, Any] = {}
+        art_rows: list[BlobRow] = []
+        if artifacts:
+            from .artifacts import store_artifacts
+
+            art_refs, art_rows = store_artifacts(self.store.blobs, artifacts, progress)
         for _attempt in range(_MAX_RETRIES):
             head = self.head
             if ws_ref is None and head is not None and not files:
@@ -485,16 +561,26 @@ class Session:
                 journal=jref,
                 status=status,
                 meta=meta_tree,
+                artifacts=_merge_artifacts(head, art_refs),
             )
             sealed, body = self.store.hasher.seal(cp)
             row = CheckpointRow(cp.id, cp.session, cp.branch, cp.parent, body, sealed.digest)
             try:
                 self.store.meta.commit(
-                    Commit(row, head.id if head else None, append, [*ws_rows, *value_rows])
+                    Commit(
+                        row,
+                        head.id if head else None,
+                        append,
+                        [*ws_rows, *value_rows, *art_rows],
+                        fence=self.fence,
+                    )
                 )
+            except (LeaseHeld, LeaseLost):
+                raise  # not a race to retry: this writer may not write at all
             except ConflictError:
                 self._head_loaded = False
                 self._log_tips.clear()
+                _backoff(_attempt)
                 continue
             if append is not None:
                 self._log_tips[append.log] = append.start + len(append.messages)
@@ -512,6 +598,40 @@ class Session:
             f"gave up after {_MAX_RETRIES} attempts: session {self.name!r} branch "
             f"{self.branch!r} is being written by others too fast"
         )
+
+    def _redact(
+        self, state: Mapping[str, Any] | None, message: str | None, meta: Mapping[str, Any] | None
+    ) -> tuple[Mapping[str, Any] | None, str | None, Mapping[str, Any] | None]:
+        """Scrubbed copies (the caller's objects are never mutated). Messages already
+        checkpointed are not scanned again: the redacted copy of the same object is reused,
+        so the cost per checkpoint stays that of the new messages."""
+        fn = self.redactor
+        assert fn is not None
+        if state is not None:
+            key = self.conversation_key
+            out = dict(fn({k: v for k, v in state.items() if k != key}))
+            msgs = state.get(key)
+            if isinstance(msgs, list):
+                given, done = self._redacted
+                k = len(given)
+                if not (k <= len(msgs) and msgs[:k] == given):  # in C, identity first
+                    k = 0
+                red = done[:k] + [fn(m) for m in msgs[k:]]
+                self._redacted = (list(msgs), red)
+                out[key] = red
+            elif msgs is not None:
+                out[key] = msgs  # checkpoint() refuses it with a clear error
+            state = out
+        if message is not None:
+            message = fn(message)
+            if not isinstance(message, str):
+                raise UsageError("the redactor returned a non-string for the checkpoint message")
+        if meta:
+            meta = fn(dict(meta))
+        if isinstance(fn, Redactor) and fn.counts:
+            meta = {**(meta or {}), "stashpoint_redacted": dict(sorted(fn.counts.items()))}
+            fn.counts.clear()
+        return state, message, meta
 
     def _journal_ref(self, head: Checkpoint | None) -> LogRef | None:
         """The durable-execution journal a new checkpoint records: the running program's, or
@@ -594,7 +714,7 @@ class Session:
             data = serde.encode(m)
             chain = message_chain(chain, data)
             rows.append((bytes.fromhex(chain), data))
-        append = LogAppend(log, start, rows, new_log)
+        append = LogAppend(log, start, rows, new_log)  # fenced by the commit that carries it
         return ConversationRef(log, len(msgs), chain), append
 
     def _common_prefix(
@@ -614,7 +734,7 @@ class Session:
             known = self._load_messages(parent)
             self._conv_objs = known
         n = min(len(known), len(msgs))
-        if msgs[:n] == known[:n]:
+        if (msgs[:n] == known) if n == len(known) else (msgs == known[:n]):  # one slice
             return n
         for i in range(n):
             a, b = known[i], msgs[i]
@@ -709,7 +829,7 @@ class Session:
             return self.checkpoint(new, kind="edit", message=message, meta=meta, files=False)
         if branch in self.branches():
             raise UsageError(f"branch {branch!r} already exists in session {self.name!r}")
-        self.store.meta.set_head(self.name, branch, target.id, None)
+        self.store.meta.set_head(self.name, branch, target.id, None, fence=self.fence)
         other = Session(
             self.store,
             self.name,
@@ -915,12 +1035,59 @@ class Session:
             for e in effects
         ]
 
+    # -- artifacts (SPEC C25; see stashpoint.artifacts) ---------------------------------------
+    def artifacts(self, ref: str | Checkpoint | None = None) -> dict[str, ArtifactRef]:
+        """Name -> artifact attached to a checkpoint (default: the head)."""
+        cp = self._as_checkpoint(ref)
+        return dict(cp.artifacts) if cp is not None else {}
+
+    def _artifact(self, ref: str | Checkpoint | None, name: str) -> ArtifactRef:
+        cp = self._as_checkpoint(ref)
+        if cp is None:
+            raise NotFoundError(f"branch {self.branch!r} of session {self.name!r} is empty")
+        check_not_pruned(self.store, cp)
+        found = cp.artifacts.get(name)
+        if found is None:
+            have = ", ".join(cp.artifacts) or "none"
+            raise NotFoundError(f"checkpoint {cp.id} has no artifact {name!r} (it has: {have})")
+        return found
+
+    def read_artifact(self, ref: str | Checkpoint | None, name: str) -> Iterator[bytes]:
+        """Stream an artifact's content, verified chunk by chunk (and whole, at the end)."""
+        from .artifacts import read_artifact
+
+        return read_artifact(self.store.blobs, self._artifact(ref, name))
+
+    def fetch_artifact(
+        self,
+        ref: str | Checkpoint | None,
+        name: str,
+        dest: str | os.PathLike[str],
+        *,
+        progress: Callable[[int, int], None] | None = None,
+    ) -> Path:
+        """Write an artifact to ``dest`` (a directory gets its original file name),
+        atomically; returns the path written. Nothing else changes: no safety checkpoint."""
+        from .artifacts import restore_artifact, restore_target
+
+        art = self._artifact(ref, name)
+        target = restore_target(art, dest, name)
+        restore_artifact(self.store.blobs, art, target, progress=progress)
+        return target
+
     # -- rewind and fork ------------------------------------------------------------------
     def _journal_key(self) -> str | None:
         return f"restore-journal:{self.root}" if self.root is not None else None
 
     def rewind(
-        self, ref: str, *, files: bool = True, state: bool = True, compensate: bool = False
+        self,
+        ref: str,
+        *,
+        files: bool = True,
+        state: bool = True,
+        compensate: bool = False,
+        artifacts: bool | Mapping[str, str | os.PathLike[str] | None] = False,
+        progress: Callable[[int, int], None] | None = None,
     ) -> RewindResult:
         """Go back to a checkpoint: files, state, or both (SPEC C3).
 
@@ -933,6 +1100,10 @@ class Session:
         undone by a rewind: they are listed in the result and in a warning. With
         ``compensate``, their registered compensations run newest first — now, if this
         process registered them, else when the program next runs on this branch.
+
+        ``artifacts`` also puts the target's artifacts back (SPEC C25): True for all of them,
+        each to the path it was attached from, or ``{name: path or None}`` for some. The
+        files there now are attached to the safety checkpoint first, so this is undoable too.
         """
         if not (files or state):
             raise UsageError("rewind needs files, state or both")
@@ -942,9 +1113,17 @@ class Session:
             raise UsageError("this session has no workspace directory to restore files into")
         self._warn_if_foreign(target)
         effects = self.effects(since=target) if state else []
-        safety = self.checkpoint(kind="pre-rewind", message=f"before rewind to {target.id}")
-        journal = self._journal(target, safety, files=files, state=state)
-        result = self._finish_rewind(journal, safety, recovering=False)
+        plan = _artifact_plan(target, artifacts) if artifacts else {}
+        captured = {n: p for n, p in plan.items() if p.is_file()}
+        safety = self.checkpoint(
+            kind="pre-rewind",
+            message=f"before rewind to {target.id}",
+            artifacts=captured,
+            progress=progress if captured else None,
+        )
+        extra = {"artifacts": {n: str(p) for n, p in plan.items()}, "captured": sorted(captured)}
+        journal = self._journal(target, safety, files=files, state=state, extra=extra)
+        result = self._finish_rewind(journal, safety, recovering=False, progress=progress)
         result.effects = effects
         if effects and compensate:
             self.durable.request_compensation(effects)
@@ -970,6 +1149,7 @@ class Session:
         branch: str | None = None,
         files: bool = True,
         state: bool = True,
+        extra: dict[str, Any] | None = None,
     ) -> dict[str, Any]:
         """Record, durably and before touching any file, what a restore is going to do."""
         journal = {
@@ -980,6 +1160,7 @@ class Session:
             "files": files,
             "state": state,
             "result": new_id(),
+            **(extra or {}),
         }
         key = self._journal_key()
         if key is not None:
@@ -987,7 +1168,12 @@ class Session:
         return journal
 
     def _finish_rewind(
-        self, journal: dict[str, Any], safety: Checkpoint | None, *, recovering: bool
+        self,
+        journal: dict[str, Any],
+        safety: Checkpoint | None,
+        *,
+        recovering: bool,
+        progress: Callable[[int, int], None] | None = None,
     ) -> RewindResult:
         target = self.store.get(journal["target"])
         files, state = bool(journal["files"]), bool(journal["state"])
@@ -1004,9 +1190,11 @@ class Session:
                 stats = self.workspace.restore(current, want)
                 if recovering:  # after a crash, check the whole tree, not just what we touched
                     self.workspace.verify_equals(want, stats.kept_dirs)
-            except (IntegrityError, NotFoundError) as exc:
+            except (IntegrityError, NotFoundError, RestoreBlocked) as exc:
                 self._roll_back(safety, exc)
                 raise
+        if journal.get("artifacts"):
+            self._restore_artifacts(journal, target, safety, recovering, progress)
         if state:  # the execution position went back: the branch's durable run is over
             from .durable import end_run
 
@@ -1017,7 +1205,9 @@ class Session:
         if files and state:
             current_head = self.store.meta.get_head(self.name, self.branch)
             if current_head != target.id:
-                self.store.meta.set_head(self.name, self.branch, target.id, current_head)
+                self.store.meta.set_head(
+                    self.name, self.branch, target.id, current_head, fence=self.fence
+                )
             self._head_loaded = False
             head = self.store.get(target.id)
         else:
@@ -1046,6 +1236,46 @@ class Session:
         if key is not None:
             self.store.meta.set_meta(key, None)
 
+    def _restore_artifacts(
+        self,
+        journal: dict[str, Any],
+        target: Checkpoint,
+        safety: Checkpoint | None,
+        recovering: bool,
+        progress: Callable[[int, int], None] | None,
+    ) -> None:
+        """Put the target's artifacts back, each atomically. On damage, undo the ones done
+        (from the safety checkpoint, or by removing files that were not there) and the
+        workspace restore, then raise."""
+        from .artifacts import restore_artifact, sweep_leftovers
+
+        targets = {str(n): Path(p) for n, p in journal["artifacts"].items()}
+        if recovering:
+            sweep_leftovers(targets)
+        done: list[str] = []
+        try:
+            for name, path in targets.items():
+                ref = target.artifacts.get(name)
+                if ref is None:
+                    raise IntegrityError(f"checkpoint {target.id} has no artifact {name!r}")
+                restore_artifact(self.store.blobs, ref, path, progress=progress)
+                done.append(name)
+        except (IntegrityError, NotFoundError) as exc:
+            captured = set(journal.get("captured") or ())
+            for name in done:
+                old = safety.artifacts.get(name) if safety is not None else None
+                if name in captured and old is not None:
+                    restore_artifact(self.store.blobs, old, targets[name])
+                else:
+                    targets[name].unlink(missing_ok=True)
+            if journal.get("files") and self.workspace is not None and target.workspace:
+                self._roll_back(safety, exc)
+            else:
+                key = self._journal_key()
+                if key is not None:
+                    self.store.meta.set_meta(key, None)
+            raise
+
     def _current_tree(self) -> bytes:
         assert self.workspace is not None
         result, rows = self.workspace.scan()
@@ -1066,6 +1296,8 @@ class Session:
         ws = target.workspace if files else safety.workspace
         st = safety.state if files else target.state
         jr = safety.journal if files else target.journal
+        arts = dict(safety.artifacts)
+        arts.update({n: target.artifacts[n] for n in journal.get("artifacts") or ()})
         what = "files" if files else "state"
         cp = Checkpoint(
             id=ident,
@@ -1083,10 +1315,11 @@ class Session:
             state=st,
             workspace=ws,
             journal=jr,
+            artifacts=dict(sorted(arts.items())),
         )
         sealed, body = self.store.hasher.seal(cp)
         row = CheckpointRow(cp.id, cp.session, cp.branch, cp.parent, body, sealed.digest)
-        self.store.meta.commit(Commit(row, safety.id))
+        self.store.meta.commit(Commit(row, safety.id, fence=self.fence))
         self._head, self._head_loaded, self._conv_objs = sealed, True, None
         return sealed
 
@@ -1106,9 +1339,9 @@ class Session:
         try:
             safety = self.store.get(journal["safety"]) if journal.get("safety") else None
             self._finish_rewind(journal, safety, recovering=True)
-        except (IntegrityError, NotFoundError) as exc:
-            # The target is damaged: the workspace went back to its safety checkpoint and the
-            # journal is gone, so this command can go on; say what happened.
+        except (IntegrityError, NotFoundError, RestoreBlocked) as exc:
+            # The target is damaged (or blocked by ignored files): the workspace went back to
+            # its safety checkpoint and the journal is gone, so this command can go on.
             warnings.warn(
                 f"an interrupted rewind to {journal['target']} could not be completed ({exc}); "
                 "the workspace was put back as it was before that rewind",
@@ -1148,7 +1381,7 @@ class Session:
             if dest.exists() and (not dest.is_dir() or any(dest.iterdir())):
                 raise UsageError(f"{dest} exists and is not an empty directory")
             dest.mkdir(parents=True, exist_ok=True)
-            self.store.meta.set_head(self.name, branch, target.id, None)
+            self.store.meta.set_head(self.name, branch, target.id, None, fence=self.fence)
             other = Session(self.store, self.name, workspace=dest, branch=branch, force=True)
             other.schema_version, other.config_hash = self.schema_version, self.config_hash
             other._set_checkout(branch)
@@ -1161,7 +1394,7 @@ class Session:
         safety = None
         if self.workspace is not None and target.workspace is not None:
             safety = self.checkpoint(kind="pre-rewind", message=f"before fork to {branch}")
-        self.store.meta.set_head(self.name, branch, target.id, None)
+        self.store.meta.set_head(self.name, branch, target.id, None, fence=self.fence)
         self._set_checkout(branch)
         journal = self._journal(target, safety, branch=branch)
         self.branch, self._head_loaded = branch, False
@@ -1206,6 +1439,28 @@ class Session:
 
         out.files = list(TreeReader(blobs).diff(ta, tb))
         return out
+
+
+def _merge_artifacts(head: Checkpoint | None, changes: Mapping[str, Any]) -> dict[str, Any]:
+    base = head.artifacts if head is not None else {}
+    if not changes:
+        return dict(base)
+    from .artifacts import merge
+
+    return merge(base, changes)
+
+
+def _artifact_plan(
+    target: Checkpoint, spec: bool | Mapping[str, str | os.PathLike[str] | None]
+) -> dict[str, Path]:
+    """Name -> where a rewind writes each of the target's artifacts."""
+    from .artifacts import restore_target
+
+    wanted = dict.fromkeys(target.artifacts) if spec is True else dict(spec or {})
+    missing = [n for n in wanted if n not in target.artifacts]
+    if missing:
+        raise NotFoundError(f"checkpoint {target.id} has no artifact named {missing[0]!r}")
+    return {n: restore_target(target.artifacts[n], dest, n) for n, dest in wanted.items()}
 
 
 def _args_summary(args: Any, limit: int = 80) -> str:

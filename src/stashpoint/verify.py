@@ -122,6 +122,10 @@ class _Verifier:
             err = self.tree(bytes.fromhex(cp.workspace.tree))
             if err:
                 self.problem(f"checkpoint {cp.id}: workspace: {err}", cp.id, cp.session)
+        for name, art in cp.artifacts.items():
+            err = self.blob(bytes.fromhex(art.digest))
+            if err:
+                self.problem(f"checkpoint {cp.id}: artifact {name!r}: {err}", cp.id, cp.session)
 
     def blob(self, digest: bytes) -> str | None:
         if digest in self.seen_blobs:
@@ -196,7 +200,11 @@ class _Verifier:
         except _Broken as exc:
             return str(exc)
         out: list[str] = []
-        for i, row in enumerate(self.store.meta.read_messages(log, start, info.length)):
+        try:
+            rows = self.store.meta.read_messages(log, start, info.length)
+        except IntegrityError as exc:  # an encrypted entry that will not decrypt
+            return str(exc)
+        for i, row in enumerate(rows):
             if row.idx != start + i:
                 return f"conversation log {log} has missing messages"
             chain = message_chain(chain, row.data)
@@ -211,6 +219,8 @@ class _Broken(Exception):
 
 
 def verify_store(store: Store, progress: Callable[[int, int], None] | None = None) -> VerifyReport:
+    # A mirrored store is judged on its primary: its fallback reads would hide the damage.
+    store = getattr(store, "primary", store)
     if store.home is not None:
         sweep_temp_files(store.home)  # leftovers of writers killed mid-write are not damage
     return _Verifier(store, progress).run()

@@ -104,8 +104,12 @@ class LocalBlobStore:
     def has(self, digest: bytes) -> bool:
         return self._path(digest).exists()
 
-    def put(self, digest: bytes, codec: int, size: int, data: bytes) -> None:
-        if self.before_put is not None:
+    def put(
+        self, digest: bytes, codec: int, size: int, data: bytes, *, revive: bool = True
+    ) -> None:
+        """Store a chunk file. ``revive=False`` when the caller revived it already (writer
+        threads, which must not touch the metadata connection)."""
+        if revive and self.before_put is not None:
             self.before_put(digest)  # revive first: a GC then cannot delete what we reuse
         path = self._path(digest)
         if path.exists():

@@ -11,25 +11,36 @@ Where blobs live: chunks go to the local blob directory when there is one; every
 Garbage collection may *condemn* unreferenced blobs (see :mod:`stashpoint.stores.base`): a
 condemned blob counts as absent for every existence check here, and storing it again revives it
 before it is reused, so GC never deletes something a new checkpoint relies on.
+
+Encryption (:mod:`stashpoint.crypto`): with a cipher, each RAW or ZSTD frame is compressed, then
+sealed with AES-GCM bound to the blob's digest, and its codec gets the ``SEALED`` bit; this
+happens here, below inline rows, pack files and loose chunk files alike, so every backend and
+GC's repacking carry ciphertext without knowing it. Names stay plaintext digests (dedup keeps
+working); chunk lists and pack pointers stay plaintext, as they only hold digests and offsets.
 """
 
 from __future__ import annotations
 
+import collections
 import functools
 import hashlib
 import os
 import struct
 import threading
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from enum import IntEnum
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 import zstandard
 
 from ..errors import IntegrityError, NotFoundError
 from ..stores.base import BlobRow, MetadataStore
-from .local import LocalBlobStore, PackMissing
+from .backend import BlobBackend
+from .local import PackMissing
+
+if TYPE_CHECKING:
+    from ..crypto import Cipher
 
 __all__ = ["CHUNK_SIZE", "BlobCodec", "BlobWriter", "Blobs", "PackPointer", "parse_pointer"]
 
@@ -37,6 +48,7 @@ CHUNK_SIZE = 1 << 20
 _FLUSH_BYTES = 32 << 20
 _BATCH_BYTES = 1 << 20  # blobs go to the compression thread in batches of about this size
 _MIN_SAVING = 0.9  # store raw unless zstd saves at least 10 %
+_IN_FLIGHT = 8  # chunks queued for writer threads (artifacts), each at most a few MB
 
 
 class BlobCodec(IntEnum):
@@ -48,8 +60,14 @@ class BlobCodec(IntEnum):
     """Data points into a pack file: inner codec (1 byte), offset (8), length (4), pack name."""
 
 
+SEALED = 0x10
+"""Codec bit: the RAW or ZSTD frame is AES-GCM ciphertext (see :mod:`stashpoint.crypto`)."""
+
+
 _POINTER = struct.Struct(">BQI")
-_PACK_MIN_BYTES = 1 << 20  # smaller batches stay inline: one transaction beats an extra fsync
+_PACK_MIN_BYTES = 1 << 20
+_PROBE_MIN_ROWS = 64  # smaller batches skip the existence query (see BlobWriter._encode_new)
+_PROBE_MIN_BYTES = 64 << 10  # smaller batches stay inline: one transaction beats an extra fsync
 
 
 class PackPointer(NamedTuple):
@@ -78,8 +96,15 @@ def _revive_loose(meta: MetadataStore, digest: bytes) -> None:
 
 
 class Blobs:
-    def __init__(self, meta: MetadataStore, local: LocalBlobStore | None, level: int = 1) -> None:
+    def __init__(
+        self,
+        meta: MetadataStore,
+        local: BlobBackend | None,
+        level: int = 1,
+        cipher: Cipher | None = None,
+    ) -> None:
         self.meta = meta
+        self.cipher = cipher
         self.local = local
         if local is not None:
             local.before_put = functools.partial(_revive_loose, meta)
@@ -112,15 +137,44 @@ class Blobs:
 
     # -- encoding -------------------------------------------------------------------------
     def encode(self, digest: bytes, data: bytes) -> BlobRow:
+        codec: int = BlobCodec.RAW
+        out = data
         if len(data) >= 64:
             packed = self._cctx().compress(data)
             if len(packed) < len(data) * _MIN_SAVING:
-                return BlobRow(digest, BlobCodec.ZSTD, len(data), packed)
-        return BlobRow(digest, BlobCodec.RAW, len(data), data)
+                codec, out = BlobCodec.ZSTD, packed
+        codec, out = self.seal_frame(digest, codec, out)
+        return BlobRow(digest, codec, len(data), out)
+
+    def seal_frame(self, digest: bytes, codec: int, frame: bytes) -> tuple[int, bytes]:
+        """Encrypt a RAW or ZSTD frame when the store is encrypted (AAD: the digest)."""
+        if self.cipher is None:
+            return codec, frame
+        return codec | SEALED, self.cipher.seal(frame, b"blob\0" + digest)
+
+    def open_frame(self, digest: bytes, codec: int, frame: bytes) -> tuple[int, bytes]:
+        """The RAW or ZSTD frame inside a stored one; a plaintext frame in an encrypted store,
+        or a frame sealed for another digest, is an IntegrityError."""
+        if self.cipher is None:
+            if codec & SEALED:
+                raise IntegrityError(
+                    f"blob {digest.hex()} is encrypted; open the store with its key"
+                )
+            return codec, frame
+        if not codec & SEALED:
+            raise IntegrityError(
+                f"blob {digest.hex()} is stored unencrypted in an encrypted store (refused)"
+            )
+        return codec & ~SEALED, self.cipher.open(frame, b"blob\0" + digest, f"blob {digest.hex()}")
 
     def _decode(self, digest: bytes, codec: int, size: int, data: bytes) -> bytes:
         if codec == BlobCodec.PACKED:
             codec, data = self._unpack(digest, data)
+        codec, data = self.open_frame(digest, codec, data)
+        return self.inflate(digest, codec, size, data)
+
+    def inflate(self, digest: bytes, codec: int, size: int, data: bytes) -> bytes:
+        """Verified content of a plaintext RAW or ZSTD frame (see :meth:`open_frame`)."""
         if codec == BlobCodec.RAW:
             out = data
         elif codec == BlobCodec.ZSTD:
@@ -138,7 +192,7 @@ class Blobs:
         p = parse_pointer(pointer)
         if self.local is None or p is None:
             raise IntegrityError(f"blob {digest.hex()} points into a pack that is not here")
-        if p.codec not in (BlobCodec.RAW, BlobCodec.ZSTD):
+        if p.codec & ~SEALED not in (BlobCodec.RAW, BlobCodec.ZSTD):
             raise IntegrityError(f"blob {digest.hex()} has a bad pack pointer")
         return p.codec, self.local.read_packed(p.pack, p.offset, p.length)
 
@@ -187,8 +241,11 @@ class Blobs:
             raise IntegrityError(f"blob {digest.hex()} is corrupt: bad chunk list")
         whole = hashlib.sha256()
         total = 0
+        prev, part = b"", b""
         for i in range(0, len(data), 32):
-            part = self.read(data[i : i + 32])
+            chunk = data[i : i + 32]
+            if chunk != prev:  # a run of one chunk (a sparse file's zeros) is read once
+                part, prev = self.read(chunk), chunk
             whole.update(part)
             total += len(part)
             yield part
@@ -197,6 +254,19 @@ class Blobs:
 
     def read(self, digest: bytes) -> bytes:
         return b"".join(self.iter_content(digest))
+
+    def read_many(self, digests: Sequence[bytes]) -> dict[bytes, bytes]:
+        """Verified contents of many blobs, the inline ones fetched in one query (what a
+        reader of many small state values wants); others are read one by one."""
+        rows = self.meta.get_blobs(digests)
+        out: dict[bytes, bytes] = {}
+        for d in digests:
+            row = rows.get(d)
+            if row is not None and row.codec in (BlobCodec.RAW, BlobCodec.ZSTD):
+                out[d] = self._decode(d, row.codec, row.size, row.data)
+            else:
+                out[d] = self.read(d)
+        return out
 
     def has(self, digests: Iterable[bytes]) -> set[bytes]:
         """Which blobs exist and may be relied on (condemned ones count as absent)."""
@@ -285,6 +355,60 @@ class BlobWriter:
             self._chunk_lists.append(BlobRow(digest, BlobCodec.CHUNKS, total, b"".join(chunks)))
         return digest, total
 
+    def add_chunks(self, pieces: Iterable[bytes | memoryview]) -> tuple[bytes, int, int]:
+        """Store content given as pieces (content-defined chunks of an artifact); returns
+        (digest, size, number of pieces). Each piece is a chunk; the whole is a chunk list
+        named by the content's digest, like a large file's, so reads, GC, verify and bundles
+        need nothing new. A piece may be a view into a reused buffer. One piece is stored as
+        a plain blob (a chunk list naming only itself would read itself forever)."""
+        whole = hashlib.sha256()
+        chunks: list[bytes] = []
+        total = 0
+        prev, prev_digest = b"", b""
+        local = self.blobs.local
+        # Chunk files are compressed, written and fsynced by threads while this one cuts and
+        # hashes (zstd, hashing and fsync release the GIL): two fsyncs per chunk file would
+        # otherwise dominate. At most _IN_FLIGHT chunks wait, so memory stays bounded; all
+        # are durable before this returns, so the commit order of SPEC 5 holds.
+        pending: collections.deque[Future[None]] = collections.deque()
+        with ThreadPoolExecutor(max_workers=3) as pool:
+            for view in pieces:
+                piece = bytes(view)  # compared and stored as bytes (memoryview == is slow)
+                whole.update(piece)
+                total += len(piece)
+                if piece == prev:  # a run of one chunk (a sparse file's zeros) is hashed once
+                    chunks.append(prev_digest)
+                    continue
+                digest = hashlib.sha256(piece).digest()
+                chunks.append(digest)
+                prev, prev_digest = piece, digest
+                if digest in self._seen:
+                    continue
+                self._seen.add(digest)
+                if local is not None:
+                    if not self.blobs.has_loose(digest):
+                        _revive_loose(self.blobs.meta, digest)  # here: one thread uses meta
+                        pending.append(pool.submit(self._write_chunk, digest, piece))
+                        while len(pending) > _IN_FLIGHT:
+                            pending.popleft().result()
+                elif not self.blobs.meta.has_blobs([digest]):
+                    self._seen.discard(digest)
+                    self.add(piece, digest)
+            for job in pending:
+                job.result()
+        digest = whole.digest()
+        if not chunks:
+            return self.add(b""), 0, 0
+        if len(chunks) > 1 and digest not in self._seen:
+            self._seen.add(digest)
+            self._chunk_lists.append(BlobRow(digest, BlobCodec.CHUNKS, total, b"".join(chunks)))
+        return digest, total, len(chunks)
+
+    def _write_chunk(self, digest: bytes, piece: bytes) -> None:
+        assert self.blobs.local is not None
+        row = self.blobs.encode(digest, piece)
+        self.blobs.local.put(digest, row.codec, row.size, row.data, revive=False)
+
     def _put_chunk(self, piece: bytes) -> bytes:
         digest = hashlib.sha256(piece).digest()
         local = self.blobs.local
@@ -299,16 +423,32 @@ class BlobWriter:
         return digest
 
     def _encode_new(self) -> list[BlobRow]:
-        """The queued blobs the store does not have yet, encoded (one existence query)."""
-        rows = [r for job in self._jobs for r in job.result()]
-        rows += [self.blobs.encode(d, data) for d, data in self._batch]
-        lists = self._chunk_lists
+        """The queued blobs the store does not have yet, encoded (one existence query).
+
+        Batches already handed to the compression thread come back encoded; the last,
+        partial batch is compressed only after the query, and only what is new."""
+        encoded = [r for job in self._jobs for r in job.result()]
+        raw, lists = self._batch, self._chunk_lists
         self._jobs, self._batch, self._chunk_lists = [], [], []
         self._batch_bytes = self._pending_bytes = 0
-        if not rows and not lists:
+        count = len(encoded) + len(raw) + len(lists)
+        if not count:
             return []
-        have = self.blobs.meta.has_blobs([r.digest for r in rows] + [r.digest for r in lists])
-        rows = [r for r in rows if r.digest not in have]
+        size = (
+            sum(len(r.data) for r in encoded)
+            + sum(len(data) for _d, data in raw)
+            + sum(len(r.data) for r in lists)
+        )
+        if count <= _PROBE_MIN_ROWS and size <= _PROBE_MIN_BYTES:
+            # A few small rows: sending them again costs less than asking which exist (a
+            # round trip to a remote store); the commit inserts them with ON CONFLICT DO
+            # NOTHING and revives condemned ones either way.
+            return [*encoded, *(self.blobs.encode(d, data) for d, data in raw), *lists]
+        have = self.blobs.meta.has_blobs(
+            [r.digest for r in encoded] + [d for d, _ in raw] + [r.digest for r in lists]
+        )
+        rows = [r for r in encoded if r.digest not in have]
+        rows += [self.blobs.encode(d, data) for d, data in raw if d not in have]
         rows = self.blobs.pack(rows)
         rows += [r for r in lists if r.digest not in have]
         return rows

@@ -13,7 +13,9 @@ __all__ = ["cli", "main"]
 
 EPILOG = """\b
 Exit codes: 0 ok, 1 usage or user error, 2 integrity failure, 3 conflict or lease lost.
-Environment: STASHPOINT_STORE (like --store), STASHPOINT_SESSION (like --session).
+Environment: STASHPOINT_STORE (like --store), STASHPOINT_SESSION (like --session),
+STASHPOINT_MIRROR (like --mirror).
+STASHPOINT_KEY or STASHPOINT_KEY_FILE (encryption key; see `stashpoint init --new-key`).
 """
 
 
@@ -40,6 +42,13 @@ Environment: STASHPOINT_STORE (like --store), STASHPOINT_SESSION (like --session
     help="Workspace directory (default: the store's project directory, or the current one).",
 )
 @click.option("--force", is_flag=True, help="Allow a workspace at / or $HOME.")
+@click.option(
+    "--mirror",
+    "mirror_url",
+    envvar="STASHPOINT_MIRROR",
+    metavar="URL",
+    help="Also write every checkpoint to this store; reads fall back to it.",
+)
 @click.version_option(version=__version__, prog_name="stashpoint")
 @click.pass_context
 def cli(
@@ -49,6 +58,7 @@ def cli(
     json_out: bool,
     workspace: str | None,
     force: bool,
+    mirror_url: str | None,
 ) -> None:
     """Save, restore, rewind and fork an AI agent's workspace and state.
 
@@ -59,12 +69,12 @@ def cli(
       stashpoint diff HEAD~1 HEAD            # what changed
       stashpoint rewind HEAD~1               # go back (undoable)
     """
-    c.obj = Ctx(store_url, session_name, json_out, workspace, force)
+    c.obj = Ctx(store_url, session_name, json_out, workspace, force, mirror_url)
 
 
 def _register() -> None:
     # Each module registers its commands on ``cli`` when imported.
-    from . import bundles, commands, durable, hooks, maintenance, operator  # noqa: F401
+    from . import bundles, commands, copying, durable, hooks, maintenance, operator  # noqa: F401
 
 
 _register()

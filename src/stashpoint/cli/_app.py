@@ -29,6 +29,7 @@ class Ctx:
     json: bool
     workspace: str | None
     force: bool
+    mirror_url: str | None = None
     _store: Any = None
     _located: tuple[str, Path, str | None, str | None] | None = None
 
@@ -58,7 +59,7 @@ class Ctx:
             from .._store import open_store
 
             url, _root, _s, _b = self.locate(create=create)
-            self._store = open_store(url)
+            self._store = open_store(url, mirror=self.mirror_url or None)
         return self._store  # type: ignore[no-any-return]
 
     def session(self, *, create: bool = False, files: bool = True) -> Session:

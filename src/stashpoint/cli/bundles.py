@@ -120,12 +120,19 @@ def import_cmd(ctx: Ctx, file: str, as_name: str | None, dry_run: bool) -> None:
       stashpoint import run.spb --as run-from-ci
       stashpoint fork <id> --into ../replay
     """
-    from ..bundle import import_bundle, read_bundle
+    from ..bundle import import_bundle, manifest_keyed, read_bundle
+    from ..crypto import Cipher, key_from_env
     from ..integrity import ChainHasher
 
-    # The CLI opens stores without a key; check the bundle before touching (or creating) one.
+    # Check the bundle before touching (or creating) a store. The CLI's only key is the
+    # encryption key ($STASHPOINT_KEY), whose derived MAC key seals the chain of an encrypted
+    # store: a bundle exported from one verifies under the same key. An unkeyed bundle is
+    # checked without a key; imported --as NAME into an encrypted store, it is sealed anew.
+    env_key = key_from_env()
+    keyed = env_key is not None and manifest_keyed(file) is not False
+    hasher = ChainHasher(Cipher(env_key).mac_key) if keyed and env_key else ChainHasher()
     with ByteProgress("checking", enabled=not ctx.json) as progress:
-        bundle = read_bundle(file, hasher=ChainHasher(), progress=progress)
+        bundle = read_bundle(file, hasher=hasher, progress=progress)
     with bundle:
         if not dry_run:
             url, root, _s, _b = ctx.locate(create=True)

@@ -54,14 +54,24 @@ def _line(cp: Checkpoint, labels: dict[str, str], heads: dict[str, list[str]]) -
 
 @cli.command()
 @click.argument("directory", required=False, type=click.Path(file_okay=False))
+@click.option(
+    "--new-key",
+    "new_key",
+    metavar="FILE|-",
+    help="Make a random 256-bit key, write it to FILE (a new file, mode 0600; '-' prints it) "
+    "and create the store encrypted with it (AES-256-GCM). Every later command then needs it: "
+    "$STASHPOINT_KEY_FILE=FILE or $STASHPOINT_KEY.",
+)
 @json_option
 @pass_ctx
-def init(ctx: Ctx, directory: str | None) -> None:
+def init(ctx: Ctx, directory: str | None, new_key: str | None) -> None:
     """Create a store (.stashpoint) in DIRECTORY (default: the current directory).
 
     \b
     Example:
       stashpoint init            # then: stashpoint snap -m "first"
+      stashpoint init --new-key ~/.sp.key && export STASHPOINT_KEY_FILE=~/.sp.key
+      export STASHPOINT_KEY=$(stashpoint init --new-key -)
     """
     from .._store import open_store
     from ..workspace import check_root
@@ -69,6 +79,36 @@ def init(ctx: Ctx, directory: str | None) -> None:
     root = check_root(Path(directory or ctx.workspace or "."), force=ctx.force)
     path = root / STORE_DIR
     existed = path.is_dir()
+    key_id = None
+    if new_key is not None:
+        from ..crypto import Cipher, generate_key
+
+        key = generate_key()
+        key_id = Cipher(bytes.fromhex(key)).key_id
+        store = open_store(ctx.store_url or path, encryption_key=bytes.fromhex(key))
+        store.close()
+        if new_key != "-":
+            try:  # O_EXCL: never overwrite a key (that would lose the store it opens)
+                fd = os.open(new_key, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            except FileExistsError:
+                raise click.ClickException(
+                    f"{new_key} exists; refusing to overwrite a key"
+                ) from None
+            with os.fdopen(fd, "w") as f:
+                f.write(key + "\n")
+                f.flush()
+                os.fsync(f.fileno())
+        data = {"store": str(ctx.store_url or path), "created": not existed, "key_id": key_id}
+        if new_key == "-":
+            emit(ctx, {**data, "key": key}, key)
+        else:
+            emit(
+                ctx,
+                {**data, "key_file": new_key},
+                f"Initialised an encrypted stashpoint store in {path} (key id {key_id}, "
+                f"key in {new_key}); export STASHPOINT_KEY_FILE={new_key}",
+            )
+        return
     store = open_store(ctx.store_url or path)
     store.close()
     emit(
@@ -93,9 +133,24 @@ def init(ctx: Ctx, directory: str | None) -> None:
     show_default=True,
     help="milestone checkpoints are kept by retention policies.",
 )
+@click.option(
+    "--artifact",
+    "artifact_specs",
+    multiple=True,
+    metavar="NAME=PATH",
+    help="Attach a large file from outside the workspace (weights, a dataset) by name; "
+    "stored in content-defined chunks, so a small change stores a small delta. Repeatable.",
+)
 @json_option
 @pass_ctx
-def snap(ctx: Ctx, message: str | None, label: str | None, kind: str, if_changed: bool) -> None:
+def snap(
+    ctx: Ctx,
+    message: str | None,
+    label: str | None,
+    kind: str,
+    if_changed: bool,
+    artifact_specs: tuple[str, ...],
+) -> None:
     """Snapshot the workspace (all files, also those changed by shell commands).
 
     Creates the store in the current directory if there is none yet. The session's state is
@@ -107,7 +162,9 @@ def snap(ctx: Ctx, message: str | None, label: str | None, kind: str, if_changed
     Example:
       stashpoint snap -m "after tests pass" --label green
       stashpoint snap --if-changed -m "after Edit"   # from an agent hook
+      stashpoint snap -m "epoch 3" --artifact weights=/data/adapter.safetensors
     """
+    artifacts = dict(_artifact_spec(s, need_path=True) for s in artifact_specs)
     session = ctx.session(create=True)
     before = session.head
     with ByteProgress("snapshot", enabled=not ctx.json) as progress:
@@ -117,6 +174,7 @@ def snap(ctx: Ctx, message: str | None, label: str | None, kind: str, if_changed
             kind=kind,
             progress=progress,
             skip_unchanged=if_changed,
+            artifacts=artifacts or None,
         )
     assert cp.workspace is not None
     if before is not None and cp.id == before.id:
@@ -130,8 +188,18 @@ def snap(ctx: Ctx, message: str | None, label: str | None, kind: str, if_changed
         ctx,
         {**_cp_json(session, cp), "created": True},
         f"{click.style(short(cp.id), fg='yellow')} step {cp.step}: {_count(cp.workspace.files)}, "
-        f"{_size(cp.workspace.bytes)}" + (f" - {message}" if message else ""),
+        f"{_size(cp.workspace.bytes)}"
+        + "".join(f", {n} ({_size(cp.artifacts[n].size)})" for n in artifacts)
+        + (f" - {message}" if message else ""),
     )
+
+
+def _artifact_spec(spec: str, *, need_path: bool) -> tuple[str, str | None]:
+    """``NAME=PATH`` (or ``NAME`` where the path may be left out) from the command line."""
+    name, sep, path = spec.partition("=")
+    if not name or (sep and not path) or (need_path and not sep):
+        raise click.UsageError(f"--artifact wants NAME=PATH, got {spec!r}")
+    return name, (path or None)
 
 
 @cli.command()
@@ -215,18 +283,29 @@ def _draw_graph(
 @cli.command()
 @click.argument("ref", default="HEAD")
 @click.option("--files", "list_files", is_flag=True, help="List every file in the snapshot.")
+@click.option("--artifact", metavar="NAME", help="Fetch this artifact (with -o) instead.")
+@click.option(
+    "-o",
+    "--output",
+    metavar="FILE",
+    help="Where --artifact writes (atomically; a directory gets the original name; - for stdout).",
+)
 @json_option
 @pass_ctx
-def show(ctx: Ctx, ref: str, list_files: bool) -> None:
-    """Show one checkpoint: metadata, state and a workspace summary.
+def show(ctx: Ctx, ref: str, list_files: bool, artifact: str | None, output: str | None) -> None:
+    """Show one checkpoint: metadata, state, a workspace summary and its artifacts.
 
     \b
     Example:
       stashpoint show HEAD --json
+      stashpoint show HEAD~1 --artifact weights -o /tmp/weights-before.bin
     """
     from ..serde import to_tree
 
     session = ctx.session(files=False)
+    if artifact is not None or output is not None:
+        _fetch_artifact(ctx, session, ref, artifact, output)
+        return
     cp = session.get(ref)
     from ..retention import PrunedError
 
@@ -284,6 +363,10 @@ def show(ctx: Ctx, ref: str, list_files: bool) -> None:
         )
         for e in manifest.get("entries", []):
             click.echo(f"    {e['type']} {e['mode']:>7} {e['size']:>10}  {e['path']}")
+    for name, art in cp.artifacts.items():
+        click.echo(
+            f"  {'artifact':<14} {name}: {_size(art.size)} in {art.chunks} chunks, from {art.path}"
+        )
     state = data["state"]
     if state:
         click.echo("  state:")
@@ -292,6 +375,36 @@ def show(ctx: Ctx, ref: str, list_files: bool) -> None:
             if isinstance(value, list):
                 text = f"[{len(value)} items]"
             click.echo(f"    {key}: {text[:200]}")
+
+
+def _fetch_artifact(
+    ctx: Ctx, session: Session, ref: str, name: str | None, output: str | None
+) -> None:
+    if name is None or output is None:
+        raise click.UsageError("--artifact NAME and -o FILE go together")
+    cp = session.get(ref)
+    if output == "-":
+        import sys
+
+        out = sys.stdout.buffer
+        for part in session.read_artifact(cp, name):
+            out.write(part)
+        out.flush()
+        return
+    with ByteProgress(f"fetching {name}", enabled=not ctx.json) as progress:
+        path = session.fetch_artifact(cp, name, output, progress=progress)
+    art = cp.artifacts[name]
+    emit(
+        ctx,
+        {
+            "checkpoint": cp.id,
+            "artifact": name,
+            "path": str(path),
+            "digest": art.digest,
+            "size": art.size,
+        },
+        f"wrote {name} ({_size(art.size)}) of {short(cp.id)} to {path}",
+    )
 
 
 @cli.command()
@@ -362,9 +475,30 @@ def diff(ctx: Ctx, a: str, b: str, stat: bool) -> None:
     help="Run the registered compensations of irreversible effects after the target "
     "(newest first), when the agent next resumes.",
 )
+@click.option(
+    "--artifacts",
+    "all_artifacts",
+    is_flag=True,
+    help="Also put back the target's artifacts, each where it was attached from.",
+)
+@click.option(
+    "--artifact",
+    "artifact_specs",
+    multiple=True,
+    metavar="NAME[=PATH]",
+    help="Put back one artifact (optionally to another path). Repeatable.",
+)
 @json_option
 @pass_ctx
-def rewind(ctx: Ctx, ref: str, files_only: bool, state_only: bool, compensate: bool) -> None:
+def rewind(
+    ctx: Ctx,
+    ref: str,
+    files_only: bool,
+    state_only: bool,
+    compensate: bool,
+    all_artifacts: bool,
+    artifact_specs: tuple[str, ...],
+) -> None:
     """Go back to a checkpoint: files and state (default), or only one of them.
 
     A safety checkpoint of the current workspace is taken first, so a rewind can always be
@@ -376,11 +510,23 @@ def rewind(ctx: Ctx, ref: str, files_only: bool, state_only: bool, compensate: b
     Example:
       stashpoint rewind HEAD~2 --files-only
       stashpoint rewind before-deploy --compensate && stashpoint resume
+      stashpoint rewind epoch-2 --artifacts       # also weights and other artifacts
     """
     if files_only and state_only:
         raise click.UsageError("--files-only and --state-only exclude each other")
+    artifacts: bool | dict[str, str | None] = all_artifacts or dict(
+        _artifact_spec(s, need_path=False) for s in artifact_specs
+    )
     session = ctx.session()
-    result = session.rewind(ref, files=not state_only, state=not files_only, compensate=compensate)
+    with ByteProgress("artifacts", enabled=bool(artifacts) and not ctx.json) as progress:
+        result = session.rewind(
+            ref,
+            files=not state_only,
+            state=not files_only,
+            compensate=compensate,
+            artifacts=artifacts,
+            progress=progress,
+        )
     stats = result.files
     data = {
         "target": _cp_json(session, result.target),
@@ -392,6 +538,7 @@ def rewind(ctx: Ctx, ref: str, files_only: bool, state_only: bool, compensate: b
         "effects": [e.to_dict() for e in result.effects],
         "compensations": result.compensations,
         "compensation_pending": compensate and len(result.compensations) < len(result.effects),
+        "artifacts": sorted(result.target.artifacts if artifacts is True else artifacts or ()),
     }
     changed = (
         f"{stats.written} written, {stats.deleted} deleted" if stats is not None else "no files"
@@ -399,7 +546,9 @@ def rewind(ctx: Ctx, ref: str, files_only: bool, state_only: bool, compensate: b
     emit(
         ctx,
         data,
-        f"rewound to {short(result.target.id)} ({changed}); "
+        f"rewound to {short(result.target.id)} ({changed}"
+        + "".join(f", {n} restored" for n in data["artifacts"])
+        + "); "
         f"undo with: stashpoint{_session_flag(session)} rewind {result.safety.id}"
         + (
             f"\n{len(result.effects)} compensation(s) requested: they run when the agent "
@@ -464,19 +613,36 @@ def label(ctx: Ctx, ref: str, name: str | None, delete: bool) -> None:
 
 
 @cli.command()
+@click.option(
+    "--mirror",
+    "mirror",
+    is_flag=False,
+    flag_value="",
+    default=None,
+    metavar="[URL]",
+    help="Also verify the mirror (default: the global --mirror) and compare the two stores.",
+)
 @json_option
 @pass_ctx
-def verify(ctx: Ctx) -> None:
+def verify(ctx: Ctx, mirror: str | None) -> None:
     """Check every checkpoint, hash chain, conversation and blob in the store.
 
-    Exits 2 when anything is damaged and names what.
+    Exits 2 when anything is damaged and names what. With --mirror, verifies both stores and
+    compares checkpoint ids, digests and heads; exits 2 on damage on either side or records
+    that disagree (a mirror that is only behind is reported, exit 0).
 
     \b
     Example:
       stashpoint verify || echo "store damaged"
+      stashpoint --mirror postgresql://db/agents verify --mirror --json
     """
     from ..verify import verify_store
 
+    if mirror is not None:
+        from .mirror_cmd import verify_mirror
+
+        verify_mirror(ctx, mirror)
+        return
     store = ctx.store()
     with ByteProgress("verify", enabled=not ctx.json) as progress:
         report = verify_store(store, progress=progress)

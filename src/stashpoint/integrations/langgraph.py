@@ -54,10 +54,12 @@ How LangGraph's model maps onto stashpoint's:
   touches files.
 
 Reads verify every record and chain link they use and every message against its running
-hash. Tuples from one ``list`` call share the decoded values and messages common to several
-checkpoints (decoded once, not once per checkpoint): treat them as read-only. Like the
-stashpoint engine, the saver treats messages as immutable once checkpointed (LangGraph's
-reducers replace messages rather than edit them).
+hash, once per saver: the saver keeps the decoded messages of the last conversation logs it
+read (logs are append-only), so after a first read ``list`` and ``get_tuple`` decode only
+messages added since. Tuples share those message objects (and, within one ``list`` call, the
+decoded values common to several checkpoints): treat them as read-only. Like the stashpoint
+engine, the saver treats messages as immutable once checkpointed (LangGraph's reducers replace
+messages rather than edit them).
 
 One process should write a thread at a time (LangGraph's own model): records are protected
 by the store's compare-and-set, the pending-writes key by a re-read before each update.
@@ -70,12 +72,13 @@ from __future__ import annotations
 import asyncio
 import base64
 import builtins
+import hashlib
 import json
 import os
 import threading
 import warnings
 from collections import OrderedDict
-from collections.abc import AsyncIterator, Iterator, Sequence
+from collections.abc import AsyncIterator, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple, cast
 
@@ -98,6 +101,7 @@ try:
     )
     from langgraph.checkpoint.base import Checkpoint as LGCheckpoint
     from langgraph.checkpoint.serde.base import SerializerProtocol
+    from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
 except ImportError as exc:
     raise MissingExtraError(
         "stashpoint.integrations.langgraph needs LangGraph: pip install 'stashpoint[langgraph]'"
@@ -106,7 +110,7 @@ except ImportError as exc:
 from .. import serde
 from .._store import Store, open_store
 from ..errors import IntegrityError, SerializationError, UsageError
-from ..integrity import EMPTY_CHAIN, message_chain
+from ..integrity import EMPTY_CHAIN
 from ..model import Checkpoint, LogRef, utc_now_iso
 from ..session import RewindResult, Session, StashpointWarning
 from ..stores.base import MetadataStore
@@ -128,6 +132,9 @@ _MAX_PAYLOAD = 512 * 1024 * 1024
 _ZSTD_MIN = 64
 _INLINE_MAX = 64  # channel values up to this many packed bytes live in the details value
 _KEEP_BRANCHES = 8  # engine objects and encoded states kept per thread
+_KEEP_LOGS = 64  # conversation logs whose decoded messages the saver keeps
+_KEEP_TINY = 4096  # tiny immutable values kept decoded
+_IMMUTABLE = frozenset((type(None), bool, int, float, str, bytes))
 
 # Bytes of LangChain messages as LangGraph's serializer writes them, without content: a zstd
 # "raw content" dictionary, so each message's envelope (module, class and field names)
@@ -154,6 +161,7 @@ _DICTIONARY_V1 = base64.b64decode(
     "YWxpZF90b29sX2NhbGxzkK51c2FnZV9tZXRhZGF0YcCzbW9kZWxfdmFsaWRhdGVfanNvbg=="
 )
 _ZDICT = zstandard.ZstdCompressionDict(_DICTIONARY_V1, dict_type=zstandard.DICT_TYPE_RAWCONTENT)
+_ZDICT.precompute_compress(level=3)  # once, not per compressor
 _codecs = threading.local()
 _json = msgspec.json.Decoder()
 _json_out = msgspec.json.Encoder()
@@ -191,7 +199,7 @@ def _pack(typed: tuple[str, bytes]) -> bytes:
     return bytes((flag, len(name))) + name + data
 
 
-def _unpack(blob: bytes) -> tuple[str, bytes]:
+def _unpack(blob: bytes, d: zstandard.ZstdDecompressor | None = None) -> tuple[str, bytes]:
     if len(blob) < 2 or blob[0] > 1 or len(blob) < 2 + blob[1]:
         raise IntegrityError("malformed LangGraph value in the store")
     n = blob[1]
@@ -200,13 +208,21 @@ def _unpack(blob: bytes) -> tuple[str, bytes]:
         size = zstandard.frame_content_size(data)
         if size < 0 or size > _MAX_PAYLOAD:
             raise IntegrityError("malformed compressed LangGraph value in the store")
-        data = _decompressor().decompress(data)
+        data = (d or _decompressor()).decompress(data)
     return type_, data
 
 
 def _text(packed: bytes) -> str:
     """A packed payload as stored in state: base64 text (a JSON string, no tag around it)."""
     return base64.b64encode(packed).decode("ascii")
+
+
+def _msgpack_array_header(n: int) -> bytes:
+    if n < 16:
+        return bytes((0x90 | n,))
+    if n < 1 << 16:
+        return b"\xdc" + n.to_bytes(2, "big")
+    return b"\xdd" + n.to_bytes(4, "big")
 
 
 def _untext(value: Any, what: str) -> bytes:
@@ -314,6 +330,9 @@ class _Thread:
     caches: dict[str, _StateCache] = field(default_factory=dict)
     """branch -> encoded state of its head as this process last wrote it."""
     last_read: _StateCache | None = None
+    held: dict[_CpKey, builtins.list[_Write]] = field(default_factory=dict)
+    """A checkpoint's writes that records hold, in LangGraph's order (records never change;
+    an entry goes when a new holder of that checkpoint is indexed)."""
     restored: str | None = None
     """Record whose files ``restore_files`` just put back (for the replay that follows)."""
 
@@ -322,15 +341,43 @@ class _Thread:
 
 
 class _View:
-    """Messages [0, n) of a log as one list, its fork parent's prefix included."""
+    """Messages [0, n) of a log as one list, its fork parent's prefix included: verified rows,
+    stored items and decoded objects, each grown on demand. Logs are append-only and messages
+    immutable, so the saver keeps views across reads (:class:`_Views`)."""
 
-    __slots__ = ("base", "items", "objs", "own", "rows")
+    __slots__ = ("base", "items", "lock", "objs", "own", "rows")
 
     def __init__(self, base: str | None, own: int) -> None:
         self.base, self.own = base, own
+        self.lock = threading.RLock()
         self.rows: builtins.list[tuple[bytes, bytes]] = []
         self.items: builtins.list[str] = []
         self.objs: builtins.list[Any] = []
+
+
+class _Views:
+    """The saver's views of the logs it read last (LRU by log): a cold ``get_tuple`` decodes
+    a conversation once, and every later read of that line, ``list`` included, reuses it."""
+
+    def __init__(self, keep: int) -> None:
+        self.keep = keep
+        self.lock = threading.Lock()
+        self.logs: OrderedDict[str, _View] = OrderedDict()
+
+    def get(self, log: str) -> _View | None:
+        with self.lock:
+            v = self.logs.get(log)
+            if v is not None:
+                self.logs.move_to_end(log)
+            return v
+
+    def add(self, log: str, v: _View) -> _View:
+        with self.lock:
+            got = self.logs.setdefault(log, v)  # another reader's, if it got there first
+            self.logs.move_to_end(log)
+            while len(self.logs) > self.keep:
+                self.logs.popitem(last=False)
+            return got
 
 
 class _Reader:
@@ -342,9 +389,11 @@ class _Reader:
         self.packed: dict[str, bytes] = {}
 
     def _view(self, log: str, length: int) -> _View:
-        v = self.views.get(log)
-        if v is not None and len(v.rows) >= length:
-            return v
+        v = self.views.get(log) or self.saver._views.get(log)
+        if v is not None:
+            self.views[log] = v
+            if len(v.rows) >= length:
+                return v
         if v is None:
             info = self.meta.log_info(log)
             if info is None:
@@ -353,16 +402,22 @@ class _Reader:
             v = _View(info.parent if own else None, own)
             if v.base is not None:
                 v.rows = self._view(v.base, own).rows[:own]
-            self.views[log] = v
+            v = self.views[log] = self.saver._views.add(log, v)
+        with v.lock:
+            return self._extend(log, v, length)
+
+    def _extend(self, log: str, v: _View, length: int) -> _View:
         start = len(v.rows)
         if length > start:
             rows = self.meta.read_messages(log, start, length)
             if len(rows) != length - start or any(r.idx != start + i for i, r in enumerate(rows)):
                 raise IntegrityError(f"conversation log {log} has missing messages")
-            chain = v.rows[-1][0].hex() if v.rows else EMPTY_CHAIN
+            # integrity.message_chain on bytes, not hex: H(prev || message)
+            chain = v.rows[-1][0] if v.rows else bytes.fromhex(EMPTY_CHAIN)
+            sha256 = hashlib.sha256
             for r in rows:
-                chain = message_chain(chain, r.data)
-                if bytes.fromhex(chain) != r.chain:
+                chain = sha256(chain + r.data).digest()
+                if chain != r.chain:
                     raise IntegrityError(f"conversation log {log} is corrupt")
                 v.rows.append((r.chain, r.data))
         return v
@@ -378,33 +433,51 @@ class _Reader:
 
     def _items(self, log: str, v: _View, n: int) -> builtins.list[str]:
         if len(v.items) < n:
+            with v.lock:
+                self._more_items(log, v, n)
+        return v.items
+
+    def _more_items(self, log: str, v: _View, n: int) -> None:
+        if len(v.items) < n:
             if v.base is not None and len(v.items) < v.own:
                 upto = min(v.own, n)
-                base = self.views[v.base]
+                base = self._view(v.base, upto)
                 v.items.extend(self._items(v.base, base, upto)[len(v.items) : upto])
-            for _chain, data in v.rows[len(v.items) : n]:
-                item = serde.decode(data)
-                if not isinstance(item, str):
-                    raise IntegrityError(f"conversation log {log} holds a malformed message")
-                v.items.append(item)
-        return v.items
+            datas = [data for _chain, data in v.rows[len(v.items) : n]]
+            try:  # the stored JSON strings as one JSON array: one call into the C decoder
+                got = _json.decode(b"[" + b",".join(datas) + b"]") if datas else []
+            except msgspec.DecodeError:
+                got = [serde.decode(data) for data in datas]  # names what is wrong
+            if len(got) != len(datas) or not all(type(item) is str for item in got):
+                raise IntegrityError(f"conversation log {log} holds a malformed message")
+            v.items.extend(got)
 
     def _objs(self, log: str, v: _View, n: int) -> builtins.list[Any]:
         if len(v.objs) < n:
+            with v.lock:
+                self._more_objs(log, v, n)
+        return v.objs
+
+    def _more_objs(self, log: str, v: _View, n: int) -> None:
+        if len(v.objs) < n:
             if v.base is not None and len(v.objs) < v.own:
                 upto = min(v.own, n)
-                base = self.views[v.base]
+                base = self._view(v.base, upto)
                 v.objs.extend(self._objs(v.base, base, upto)[len(v.objs) : upto])
             items = self._items(log, v, n)
-            loads = self.saver._loads
-            v.objs.extend(loads(_untext(item, "message")) for item in items[len(v.objs) : n])
-        return v.objs
+            v.objs.extend(
+                self.saver._loads_many([_untext(i, "message") for i in items[len(v.objs) : n]])
+            )
 
     def conv_items(self, conv: LogRef) -> builtins.list[str]:
         return self._items(conv.log, self._checked(conv), conv.length)[: conv.length]
 
-    def conv_objects(self, conv: LogRef) -> builtins.list[Any]:
-        return self._objs(conv.log, self._checked(conv), conv.length)[: conv.length]
+    def conv_objects(
+        self, conv: LogRef, start: int = 0, stop: int | None = None
+    ) -> builtins.list[Any]:
+        """Messages ``[start, stop)`` of a conversation (default: all), a new list."""
+        end = conv.length if stop is None else min(stop, conv.length)
+        return self._objs(conv.log, self._checked(conv), conv.length)[start:end]
 
     def packed_value(self, hexd: str) -> bytes:
         got = self.packed.get(hexd)
@@ -467,6 +540,8 @@ class StashpointSaver(BaseCheckpointSaver[int]):
         self.session_prefix = session_prefix
         self.force = force
         self._threads: OrderedDict[str, _Thread] = OrderedDict()
+        self._views = _Views(_KEEP_LOGS)
+        self._tiny: dict[bytes, Any] = {}
         self._lock = threading.RLock()
         self._max_threads = 256
         self._warned = False
@@ -541,6 +616,8 @@ class StashpointSaver(BaseCheckpointSaver[int]):
             th = self._thread(thread_id, check=True)
             reader = readers[th.session] = _Reader(self)
             with th.lock:
+                if filter:
+                    self._prefetch_details(th.entries.values())
                 for e in th.entries.values():
                     if (
                         (ns is not None and e.ns != ns)
@@ -556,6 +633,14 @@ class StashpointSaver(BaseCheckpointSaver[int]):
         picked.sort(key=lambda te: (te[1].cpid, te[1].ns), reverse=True)
         if limit is not None:
             picked = picked[: max(limit, 0)]
+        by_thread: dict[str, tuple[_Thread, builtins.list[_Entry]]] = {}
+        for th, e in picked:  # their fields, and those of the records holding their writes
+            got = by_thread.setdefault(th.session, (th, []))[1]
+            got.append(e)
+            got += th.holders.get((e.ns, e.cpid), ())
+        for th, entries in by_thread.values():
+            with th.lock:
+                self._prefetch_details(entries)
         for th, e in picked:
             with th.lock:
                 tup, _cache = self._tuple(th, e, readers[th.session], seed=False)
@@ -776,7 +861,7 @@ class StashpointSaver(BaseCheckpointSaver[int]):
         by_id = {r.id: r for r in rows}
         th.entries, th.records, th.known, th.holders = {}, {}, set(), {}
         th.removed, th.pending, th.pending_raw = set(), {}, None
-        th.caches, th.last_read = {}, None
+        th.caches, th.last_read, th.held = {}, None, {}
         th.branches = {b: s for b, s in th.branches.items() if b in heads}
         for row in reversed(rows):
             try:
@@ -811,9 +896,11 @@ class StashpointSaver(BaseCheckpointSaver[int]):
         th.entries[(e.ns, e.cpid)] = e
         if old is not None:
             for target in old.targets:
+                th.held.pop(target, None)
                 if old in th.holders.get(target, ()):
                     th.holders[target].remove(old)
         for target in e.targets:
+            th.held.pop(target, None)
             th.holders.setdefault(target, []).append(e)
 
     def _find(self, config: RunnableConfig) -> tuple[_Thread, _Entry | None]:
@@ -830,14 +917,32 @@ class StashpointSaver(BaseCheckpointSaver[int]):
                     best = e
             return th, best
 
-    def _details(self, e: _Entry, reader: _Reader) -> dict[str, Any]:
+    def _prefetch_details(self, entries: Iterable[_Entry]) -> None:
+        """Read the LangGraph fields of many checkpoints in one store query, not one each."""
+        todo = {e.id: e for e in entries if e.details is None}
+        wanted = {}
+        for e in todo.values():
+            hexd = e.record.state.values.get(_DETAILS)
+            if hexd is None:
+                raise IntegrityError(f"checkpoint {e.id} lost its LangGraph fields")
+            wanted[e.id] = bytes.fromhex(hexd)
+        if len(wanted) > 1:
+            got = self.store.blobs.read_many(builtins.list(dict.fromkeys(wanted.values())))
+            for ident, digest in wanted.items():
+                self._details(todo[ident], None, got[digest])
+
+    def _details(
+        self, e: _Entry, reader: _Reader | None, raw: bytes | None = None
+    ) -> dict[str, Any]:
         """A checkpoint's LangGraph fields (versions, metadata, the parent's writes)."""
         if e.details is None:
             hexd = e.record.state.values.get(_DETAILS)
             if hexd is None:
                 raise IntegrityError(f"checkpoint {e.id} lost its LangGraph fields")
+            if raw is None:
+                raw = self.store.blobs.read(bytes.fromhex(hexd))
             try:  # a JSON text (see _details_text) stored as a string value
-                text = _json.decode(self.store.blobs.read(bytes.fromhex(hexd)))
+                text = _json.decode(raw)
                 tree = _json.decode(text) if isinstance(text, str) else None
             except msgspec.DecodeError as exc:
                 raise IntegrityError(f"checkpoint {e.id} has malformed LangGraph fields") from exc
@@ -1130,7 +1235,8 @@ class StashpointSaver(BaseCheckpointSaver[int]):
         n = 0
         if old_objs is not None and old_items is not None:
             n = min(len(old_objs), len(msgs))
-            if msgs[:n] != old_objs[:n]:
+            # one slice, not two: the common case is the parent's list with messages appended
+            if (msgs[:n] != old_objs) if n == len(old_objs) else (msgs != old_objs[:n]):
                 n = next(
                     i for i in range(n) if msgs[i] is not old_objs[i] and msgs[i] != old_objs[i]
                 )
@@ -1305,63 +1411,99 @@ class StashpointSaver(BaseCheckpointSaver[int]):
 
     # -- internals: reading ------------------------------------------------------------
     def _loads(self, packed: bytes) -> Any:
-        return self.serde.loads_typed(_unpack(packed))
+        if len(packed) > _INLINE_MAX:
+            return self.serde.loads_typed(_unpack(packed))
+        # Tiny values (LangGraph's ``branch:to:X`` channels and writes are None) recur in
+        # every checkpoint: an immutable result is decoded once per saver, not per tuple.
+        got = self._tiny.get(packed, _MISSING)
+        if got is _MISSING:
+            got = self.serde.loads_typed(_unpack(packed))
+            if type(got) in _IMMUTABLE and len(self._tiny) < _KEEP_TINY:
+                self._tiny[packed] = got
+        return got
+
+    def _loads_many(self, packed: builtins.list[bytes]) -> builtins.list[Any]:
+        """Values decoded in order. With LangGraph's own serializer, a run of msgpack values
+        is decoded as one msgpack array: one call into its C decoder instead of one per
+        message (what its SQLite saver does for a whole message list)."""
+        d = _decompressor()
+        typed = [_unpack(p, d) for p in packed]
+        if (
+            len(typed) > 1
+            and type(self.serde) is JsonPlusSerializer
+            and all(t == "msgpack" for t, _ in typed)
+        ):
+            array = _msgpack_array_header(len(typed)) + b"".join(data for _, data in typed)
+            try:
+                got = self.serde.loads_typed(("msgpack", array))
+            except Exception:  # decoded one by one below, which names the error
+                got = None
+            if type(got) is builtins.list and len(got) == len(typed):
+                return got
+        loads = self.serde.loads_typed
+        return [loads(t) for t in typed]
 
     def _tuple(
         self, th: _Thread, e: _Entry, reader: _Reader, *, seed: bool
-    ) -> tuple[CheckpointTuple, _StateCache]:
+    ) -> tuple[CheckpointTuple, _StateCache | None]:
         details, cp = self._details(e, reader), e.record
-        cache = _StateCache(cp.id)
+        cache = _StateCache(cp.id) if seed else None
+        cv: dict[str, Any] = details["cv"]
         values: dict[str, Any] = {}
-        for key, hexd in cp.state.values.items():
-            if key.startswith(_VALUE):
-                ch = key[len(_VALUE) :]
-                values[ch] = reader.value(hexd)
-                if seed:
-                    cache.values[ch] = (
-                        details["cv"].get(ch),
-                        values[ch],
-                        reader.packed_value(hexd),
-                    )
-        for ch, text in (details.get("iv") or {}).items():
-            packed = _untext(text, "channel value")
-            values[ch] = self._loads(packed)
-            if seed:
-                cache.values[ch] = (details["cv"].get(ch), values[ch], packed)
+        state_values = cp.state.values
+        if len(state_values) > 1:  # channel values besides the details
+            for key, hexd in state_values.items():
+                if key.startswith(_VALUE):
+                    ch = key[len(_VALUE) :]
+                    got = values[ch] = reader.value(hexd)
+                    if cache is not None:
+                        cache.values[ch] = (cv.get(ch), got, reader.packed_value(hexd))
+        iv = details.get("iv")
+        if iv:
+            for ch, text in iv.items():
+                packed = _untext(text, "channel value")
+                got = values[ch] = self._loads(packed)
+                if cache is not None:
+                    cache.values[ch] = (cv.get(ch), got, packed)
         conv = cp.state.conversation
         if conv is not None:
             objs = reader.conv_objects(conv)
             values[details.get("conv", _CONV_KEY)] = objs
-            if seed:
+            if cache is not None:
                 cache.conv_objs, cache.conv_items = builtins.list(objs), reader.conv_items(conv)
-        checkpoint: dict[str, Any] = {
+        uc = details.get("uc")
+        checkpoint: Any = {  # a LangGraph Checkpoint (a TypedDict)
             "v": details.get("v"),
             "id": e.cpid,
             "ts": details.get("ts"),
             "channel_values": values,
-            "channel_versions": dict(details["cv"]),
-            "versions_seen": {k: dict(v) for k, v in details["vs"].items()},
-            "updated_channels": details.get("uc"),
-            **_fresh(details.get("x") or {}),
+            "channel_versions": cv.copy(),
+            "versions_seen": {k: v.copy() for k, v in details["vs"].items()},
+            "updated_channels": uc if uc is None else _fresh(uc),
         }
-        writes = sorted(
-            self._writes_of(th, (e.ns, e.cpid), reader).values(),
-            key=lambda w: (w.path, w.task, w.idx),
-        )
-        pending: builtins.list[PendingWrite] = [
-            (w.task, w.channel, self._write_value(th, w, reader)) for w in writes
-        ]
+        if "x" in details:
+            checkpoint.update(_fresh(details["x"]))
+        here = (e.ns, e.cpid)
+        pending: builtins.list[PendingWrite] = []
+        writes: builtins.list[_Write] | None = None
+        if here in th.pending:
+            writes = builtins.list(self._writes_of(th, here, reader).values())
+            writes.sort(key=_write_order)
+        elif here in th.holders:
+            writes = th.held.get(here)
+            if writes is None:
+                writes = builtins.list(self._writes_of(th, here, reader).values())
+                writes.sort(key=_write_order)
+                th.held[here] = writes
+        if writes:
+            pending = [(w.task, w.channel, self._write_value(th, w, reader)) for w in writes]
         conf = {"thread_id": th.thread_id, "checkpoint_ns": e.ns, "checkpoint_id": e.cpid}
-        parent = None
+        parent: Any = None
         if e.parent:
             parent = {"configurable": {**conf, "checkpoint_id": e.parent}}
-        tup = CheckpointTuple(
-            config={"configurable": conf},
-            checkpoint=cast(LGCheckpoint, checkpoint),
-            metadata=cast(CheckpointMetadata, _fresh(details["md"])),
-            parent_config=cast("RunnableConfig | None", parent),
-            pending_writes=pending,
-        )
+        md: Any = _fresh(details["md"])
+        config: Any = {"configurable": conf}
+        tup = CheckpointTuple(config, checkpoint, md, parent, pending)
         return tup, cache
 
     def _write_value(self, th: _Thread, w: _Write, reader: _Reader) -> Any:
@@ -1370,7 +1512,7 @@ class StashpointSaver(BaseCheckpointSaver[int]):
             conv = holder.record.state.conversation if holder is not None else None
             if conv is None:
                 raise IntegrityError(f"checkpoint {w.holder} lost the messages of a write")
-            got = reader.conv_objects(conv)[w.value.start : w.value.start + w.value.length]
+            got = reader.conv_objects(conv, w.value.start, w.value.start + w.value.length)
             if len(got) != w.value.length:
                 raise IntegrityError(f"checkpoint {w.holder} lost the messages of a write")
             return got[0] if w.value.single else got
@@ -1387,10 +1529,17 @@ _MISSING: Any = object()
 def _fresh(x: Any) -> Any:
     """A copy of the dicts and lists in ``x`` (callers may change what they are given)."""
     if type(x) is dict:
-        return {k: _fresh(v) for k, v in x.items()}
+        return {k: v if type(v) not in _NESTED else _fresh(v) for k, v in x.items()}
     if type(x) is builtins.list:
-        return [_fresh(v) for v in x]
+        return [v if type(v) not in _NESTED else _fresh(v) for v in x]
     return x
+
+
+_NESTED = (dict, builtins.list)
+
+
+def _write_order(w: _Write) -> tuple[str, str, int]:
+    return (w.path, w.task, w.idx)
 
 
 def _entry(cp: Checkpoint, meta: Any) -> _Entry:

@@ -8,25 +8,32 @@ once per backend.
 
 from __future__ import annotations
 
+import time
 from abc import abstractmethod
 from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import replace
 from typing import Any
 
-from ..errors import ConflictError
+from ..errors import ConflictError, LeaseHeld
 from .base import (
     GC_EPOCH_KEY,
     BlobInfo,
     BlobRow,
     CheckpointRow,
     Commit,
+    Fence,
     GcEpochChanged,
+    LeaseInfo,
     LogAppend,
     LogInfo,
     MessageRow,
     MetadataStore,
+    grant_lease,
+    lease_held,
+    lease_lost,
 )
 
-__all__ = ["TABLES", "TABLES_V2", "SqlStore"]
+__all__ = ["TABLES", "TABLES_V2", "TABLES_V3", "SqlStore"]
 
 TABLES = """
 CREATE TABLE IF NOT EXISTS {t}meta(key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -62,6 +69,14 @@ INSERT INTO {t}meta(key, value) VALUES ('gc_epoch', '0') ON CONFLICT (key) DO NO
 """Schema version 2: retention marks beside the records (the records themselves must stay
 byte-identical for the hash chain) and GC's condemned blobs. The ``gc_epoch`` row exists from
 the start so that a commit's epoch check always has a row to lock."""
+
+TABLES_V3 = """
+CREATE TABLE IF NOT EXISTS {t}leases(
+    session TEXT PRIMARY KEY, owner TEXT NOT NULL, token BIGINT NOT NULL,
+    expires DOUBLE PRECISION NOT NULL)
+"""
+"""Schema version 3: session leases. A released or expired lease keeps its row, so tokens only
+ever grow and a fenced-off worker can never be confused with a later holder."""
 
 _BATCH = 500
 
@@ -152,6 +167,19 @@ class SqlStore(MetadataStore):
         d, codec, size, data = rows[0]
         return BlobRow(bytes(d), int(codec), int(size), bytes(data))
 
+    def get_blobs(self, digests: Sequence[bytes]) -> dict[bytes, BlobRow]:
+        out: dict[bytes, BlobRow] = {}
+        wanted = list(dict.fromkeys(digests))
+        for i in range(0, len(wanted), _BATCH):
+            batch = wanted[i : i + _BATCH]
+            marks = ",".join("?" * len(batch))
+            rows = self._q(
+                f"SELECT digest, codec, size, data FROM {{t}}blobs WHERE digest IN ({marks})", batch
+            )
+            for d, codec, size, data in rows:
+                out[bytes(d)] = BlobRow(bytes(d), int(codec), int(size), bytes(data))
+        return out
+
     def iter_blob_digests(self) -> Iterator[bytes]:
         for (d,) in self._q("SELECT digest FROM {t}blobs"):
             yield bytes(d)
@@ -178,6 +206,8 @@ class SqlStore(MetadataStore):
 
     def _append(self, cur: Any, a: LogAppend) -> None:
         """Create the log if new, check its tip (compare-and-set), insert the entries."""
+        if a.fence is not None:
+            self._check_fence(cur, a.fence, a.fence.session)
         if a.new is not None:
             cur.execute(
                 self.sql(
@@ -211,6 +241,7 @@ class SqlStore(MetadataStore):
         """Epoch fence, head compare-and-set, log-tip check and every insert, in the caller's
         transaction."""
         row = c.row
+        self._check_fence(cur, c.fence, row.session)
         if c.gc_epoch is not None:
             got = cur.execute(
                 self.sql("SELECT value FROM {t}meta WHERE key=?" + self.share), (GC_EPOCH_KEY,)
@@ -229,7 +260,7 @@ class SqlStore(MetadataStore):
                 "another writer checkpointed first"
             )
         if c.append is not None:
-            self._append(cur, c.append)
+            self._append(cur, replace(c.append, fence=None) if c.fence else c.append)
         if c.blobs:
             self._insert_blobs(cur, c.blobs)
         cur.execute(
@@ -285,8 +316,17 @@ class SqlStore(MetadataStore):
         )
         return str(rows[0][0]) if rows else None
 
-    def set_head(self, session: str, branch: str, new: str, expected: str | None) -> None:
+    def set_head(
+        self,
+        session: str,
+        branch: str,
+        new: str,
+        expected: str | None,
+        *,
+        fence: Fence | None = None,
+    ) -> None:
         def do(cur: Any) -> None:
+            self._check_fence(cur, fence, session)
             if not self._move_head(cur, session, branch, new, expected):
                 raise ConflictError(
                     f"branch {branch!r} of session {session!r} moved (expected {expected}); "
@@ -315,6 +355,88 @@ class SqlStore(MetadataStore):
                 (new, session, branch, expected),
             )
         return bool(res.rowcount == 1)
+
+    # -- leases ---------------------------------------------------------------------------
+    lock = ""
+    """Row-lock clause for reading a lease before changing it (PostgreSQL: `` FOR UPDATE``)."""
+
+    def _clock(self, cur: Any) -> float:
+        """Seconds since the epoch by the store's clock (SQLite: this machine's)."""
+        return time.time()
+
+    def _check_fence(self, cur: Any, fence: Fence | None, session: str) -> None:
+        """In the write's own transaction; the shared row lock makes a takeover wait for it.
+
+        Without a fence, the write is refused while another worker holds a live lease on the
+        session: a lease means one writer, also against a stray ``stashpoint snap``."""
+        got = cur.execute(
+            self.sql("SELECT owner, token, expires FROM {t}leases WHERE session=?" + self.share),
+            (session if fence is None else fence.session,),
+        ).fetchone()
+        if fence is not None:
+            if got is None or int(got[1]) != fence.token:
+                raise lease_lost(fence, None if got is None else int(got[1]))
+        elif got is not None:
+            left = float(got[2]) - self._clock(cur)
+            if left > 0:
+                raise lease_held(session, str(got[0]), left)
+
+    def acquire_lease(self, session: str, owner: str, ttl: float) -> LeaseInfo:
+        def do(cur: Any) -> LeaseInfo:
+            now = self._clock(cur)
+            got = cur.execute(
+                self.sql("SELECT owner, token, expires FROM {t}leases WHERE session=?" + self.lock),
+                (session,),
+            ).fetchone()
+            current = None if got is None else (str(got[0]), int(got[1]), float(got[2]))
+            owner_, token, expires = grant_lease(session, current, owner, ttl, now)
+            res = cur.execute(
+                self.sql(
+                    "INSERT INTO {t}leases(session, owner, token, expires) VALUES (?, ?, ?, ?) "
+                    "ON CONFLICT (session) DO UPDATE SET owner=excluded.owner, "
+                    "token=excluded.token, expires=excluded.expires "
+                    "WHERE {t}leases.token = ?"
+                ),
+                (session, owner_, token, expires, -1 if current is None else current[1]),
+            )
+            if res.rowcount != 1:  # another worker inserted the first row meanwhile
+                raise LeaseHeld(f"session {session!r} was just leased by another worker")
+            return LeaseInfo(session, owner_, token, ttl)
+
+        return self._tx(do)  # type: ignore[no-any-return]
+
+    def renew_lease(self, fence: Fence, ttl: float) -> bool:
+        def do(cur: Any) -> bool:
+            now = self._clock(cur)
+            res = cur.execute(
+                self.sql("UPDATE {t}leases SET expires=? WHERE session=? AND token=?"),
+                (now + ttl, fence.session, fence.token),
+            )
+            return bool(res.rowcount == 1)
+
+        return self._tx(do)  # type: ignore[no-any-return]
+
+    def release_lease(self, fence: Fence) -> None:
+        def do(cur: Any) -> None:
+            cur.execute(
+                self.sql("UPDATE {t}leases SET expires=0 WHERE session=? AND token=?"),
+                (fence.session, fence.token),
+            )
+
+        self._tx(do)
+
+    def lease_info(self, session: str) -> LeaseInfo | None:
+        def do(cur: Any) -> LeaseInfo | None:
+            now = self._clock(cur)
+            got = cur.execute(
+                self.sql("SELECT owner, token, expires FROM {t}leases WHERE session=?"),
+                (session,),
+            ).fetchone()
+            if got is None:
+                return None
+            return LeaseInfo(session, str(got[0]), int(got[1]), float(got[2]) - now)
+
+        return self._tx(do)  # type: ignore[no-any-return]
 
     def set_label(self, ident: str, session: str, label: str | None) -> None:
         if label is None:

@@ -17,19 +17,22 @@ transaction, so a revival and a deletion can never both win.
 from __future__ import annotations
 
 import threading
+import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
-from ..errors import ConflictError
+from ..errors import ConflictError, LeaseHeld, LeaseLost
 
 __all__ = [
     "BlobInfo",
     "BlobRow",
     "CheckpointRow",
     "Commit",
+    "Fence",
     "GcEpochChanged",
+    "LeaseInfo",
     "LogAppend",
     "LogInfo",
     "MessageRow",
@@ -38,6 +41,9 @@ __all__ = [
 
 GC_EPOCH_KEY = "gc_epoch"
 """Store meta key bumped whenever GC condemns blobs; stat caches and commits are tied to it."""
+
+EPOCH_MAX_AGE = 1.0
+"""How long a writer may rely on a ``gc_epoch`` it read (seconds); far below GC's grace."""
 
 
 class GcEpochChanged(ConflictError):
@@ -106,6 +112,8 @@ class LogAppend:
     """(chain, data) pairs."""
     new: LogInfo | None = None
     """Set when the log is created by this commit."""
+    fence: Fence | None = None
+    """When set, the append is refused with :class:`LeaseLost` unless the lease still holds."""
 
 
 @dataclass(frozen=True)
@@ -121,6 +129,60 @@ class Commit:
     gc_epoch: str | None = None
     """When set, the ``gc_epoch`` the writer read before checking which blobs exist: the
     commit is refused with :class:`GcEpochChanged` if a GC condemned blobs since."""
+    fence: Fence | None = None
+    """When set, checked in the commit's own transaction: a worker whose lease was taken
+    over cannot write, however late its commit arrives (:class:`LeaseLost`)."""
+
+
+class Fence(NamedTuple):
+    """A lease's fencing token: the session it covers and the token it was granted."""
+
+    session: str
+    token: int
+
+
+def grant_lease(
+    session: str,
+    current: tuple[str, int, float] | None,
+    owner: str,
+    ttl: float,
+    now: float,
+) -> tuple[str, int, float]:
+    """The lease rule every backend applies: ``current`` is (owner, token, expires) or None;
+    returns the new (owner, token, expires) or raises :class:`LeaseHeld`."""
+    if current is None:
+        return owner, 1, now + ttl
+    holder, token, expires = current
+    if expires > now and holder != owner:
+        raise lease_held(session, holder, expires - now)
+    if expires <= now:
+        token += 1  # a takeover (or a fresh start): fence off every earlier holder
+    return owner, token, now + ttl
+
+
+def lease_held(session: str, holder: str, left: float) -> LeaseHeld:
+    return LeaseHeld(
+        f"session {session!r} is leased by {holder} for another {left:.1f} s; wait for it to "
+        "be released or expire (stashpoint refuses writes from anyone else meanwhile)",
+        owner=holder,
+        expires_in=left,
+    )
+
+
+def lease_lost(fence: Fence, now_token: int | None) -> LeaseLost:
+    return LeaseLost(
+        f"the lease on session {fence.session!r} was taken over by another worker (our token "
+        f"{fence.token}, now {now_token}); this worker's write was refused"
+    )
+
+
+class LeaseInfo(NamedTuple):
+    session: str
+    owner: str
+    token: int
+    """Grows by one at every acquisition, so a newer holder always has a larger token."""
+    expires_in: float
+    """Seconds until it expires (negative: expired, free to take over)."""
 
 
 class MetadataStore(ABC):
@@ -150,6 +212,11 @@ class MetadataStore(ABC):
 
     @abstractmethod
     def get_blob(self, digest: bytes) -> BlobRow | None: ...
+
+    def get_blobs(self, digests: Sequence[bytes]) -> dict[bytes, BlobRow]:
+        """The rows of those digests that exist (backends answer in one round trip where
+        they can: reading many small blobs one query each is what costs)."""
+        return {d: row for d in digests if (row := self.get_blob(d)) is not None}
 
     @abstractmethod
     def iter_blob_digests(self) -> Iterator[bytes]: ...
@@ -200,7 +267,15 @@ class MetadataStore(ABC):
         """Branch name -> head checkpoint id."""
 
     @abstractmethod
-    def set_head(self, session: str, branch: str, new: str, expected: str | None) -> None:
+    def set_head(
+        self,
+        session: str,
+        branch: str,
+        new: str,
+        expected: str | None,
+        *,
+        fence: Fence | None = None,
+    ) -> None:
         """Compare-and-set a branch head; ConflictError when it is not ``expected``."""
 
     @abstractmethod
@@ -212,6 +287,29 @@ class MetadataStore(ABC):
 
     @abstractmethod
     def close(self) -> None: ...
+
+    # -- leases: one worker owns a session at a time (SPEC C17) ----------------------------
+    @abstractmethod
+    def acquire_lease(self, session: str, owner: str, ttl: float) -> LeaseInfo:
+        """Grant ``owner`` the session's lease for ``ttl`` seconds, with a new fencing token.
+
+        Free or expired: granted with the previous token + 1 (a taken-over worker's writes are
+        refused from then on). Held by ``owner`` itself: extended, same token. Held by another
+        owner and not expired: :class:`~stashpoint.errors.LeaseHeld`. Expiry is judged by
+        the store's clock where it has one (PostgreSQL, Redis), so workers' clocks may differ.
+        """
+
+    @abstractmethod
+    def renew_lease(self, fence: Fence, ttl: float) -> bool:
+        """Extend the lease to ``ttl`` seconds from now if ``fence`` still holds it."""
+
+    @abstractmethod
+    def release_lease(self, fence: Fence) -> None:
+        """Give the lease up (if ``fence`` still holds it); its token is not reused."""
+
+    @abstractmethod
+    def lease_info(self, session: str) -> LeaseInfo | None:
+        """The session's lease (also an expired one, with a negative ``expires_in``)."""
 
     # -- maintenance: retention, garbage collection, usage ---------------------------------
     @abstractmethod
@@ -316,6 +414,24 @@ class MetadataStore(ABC):
                 if not thread.is_alive():
                     del reg[ident]
             return sum(1 for ident in reg if ident != me)
+
+    # -- concrete defaults ----------------------------------------------------------------
+    def read_gc_epoch(self, max_age: float = EPOCH_MAX_AGE) -> str:
+        """``gc_epoch``, read at most ``max_age`` seconds ago (a store round trip saved per
+        checkpoint). Safe because GC deletes a condemned blob only after its grace period
+        (minutes) or when it holds the store alone, and a condemnation made through this
+        object forgets the cached value at once (:meth:`note_gc_epoch`)."""
+        cached = self.__dict__.get("_epoch_cache")
+        now = time.monotonic()
+        if cached is not None and now - cached[1] < max_age:
+            return str(cached[0])
+        value = self.get_meta(GC_EPOCH_KEY) or "0"
+        self.__dict__["_epoch_cache"] = (value, now)
+        return value
+
+    def note_gc_epoch(self, value: str | None) -> None:
+        """Record an epoch just seen (``None``: forget it; the next read asks the store)."""
+        self.__dict__["_epoch_cache"] = None if value is None else (value, time.monotonic())
 
     # -- concrete defaults ----------------------------------------------------------------
     def get_head(self, session: str, branch: str) -> str | None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 
 from ..errors import ConflictError
@@ -12,11 +13,16 @@ from .base import (
     BlobRow,
     CheckpointRow,
     Commit,
+    Fence,
     GcEpochChanged,
+    LeaseInfo,
     LogAppend,
     LogInfo,
     MessageRow,
     MetadataStore,
+    grant_lease,
+    lease_held,
+    lease_lost,
 )
 
 __all__ = ["MemoryStore"]
@@ -36,6 +42,7 @@ class MemoryStore(MetadataStore):
         self._labels: dict[str, tuple[str, str]] = {}
         self._pruned: dict[str, tuple[str, str]] = {}  # id -> (session, at)
         self._condemned: dict[bytes, float] = {}
+        self._leases: dict[str, tuple[str, int, float]] = {}  # session -> owner, token, expires
 
     def get_meta(self, key: str) -> str | None:
         return self._meta.get(key)
@@ -79,6 +86,7 @@ class MemoryStore(MetadataStore):
 
     def append_log(self, append: LogAppend) -> None:
         with self._lock:
+            self._check_fence(append.fence, None)
             self._apply_append(append, self._check_append(append))
 
     def _check_append(self, a: LogAppend) -> LogInfo:
@@ -95,6 +103,7 @@ class MemoryStore(MetadataStore):
     def commit(self, commit: Commit) -> None:
         row = commit.row
         with self._lock:
+            self._check_fence(commit.fence, row.session)
             key = (row.session, row.branch)
             if commit.move_head and self._heads.get(key) != commit.expected_head:
                 raise ConflictError(
@@ -123,6 +132,43 @@ class MemoryStore(MetadataStore):
     def get_checkpoint(self, ident: str) -> CheckpointRow | None:
         return self._checkpoints.get(ident)
 
+    # -- leases (clock: this process's monotonic time) -------------------------------------
+    def _check_fence(self, fence: Fence | None, session: str | None) -> None:
+        if fence is not None:
+            got = self._leases.get(fence.session)
+            if got is None or got[1] != fence.token:
+                raise lease_lost(fence, None if got is None else got[1])
+        elif session is not None and (held := self._leases.get(session)) is not None:
+            left = held[2] - time.monotonic()
+            if left > 0:
+                raise lease_held(session, held[0], left)
+
+    def acquire_lease(self, session: str, owner: str, ttl: float) -> LeaseInfo:
+        with self._lock:
+            got = grant_lease(session, self._leases.get(session), owner, ttl, time.monotonic())
+            self._leases[session] = got
+            return LeaseInfo(session, got[0], got[1], ttl)
+
+    def renew_lease(self, fence: Fence, ttl: float) -> bool:
+        with self._lock:
+            got = self._leases.get(fence.session)
+            if got is None or got[1] != fence.token:
+                return False
+            self._leases[fence.session] = (got[0], got[1], time.monotonic() + ttl)
+            return True
+
+    def release_lease(self, fence: Fence) -> None:
+        with self._lock:
+            got = self._leases.get(fence.session)
+            if got is not None and got[1] == fence.token:
+                self._leases[fence.session] = (got[0], got[1], 0.0)
+
+    def lease_info(self, session: str) -> LeaseInfo | None:
+        got = self._leases.get(session)
+        if got is None:
+            return None
+        return LeaseInfo(session, got[0], got[1], got[2] - time.monotonic())
+
     def list_checkpoints(
         self, session: str, *, before: str | None = None, limit: int | None = None
     ) -> list[CheckpointRow]:
@@ -148,8 +194,17 @@ class MemoryStore(MetadataStore):
     def branches(self, session: str) -> dict[str, str]:
         return {b: c for (s, b), c in self._heads.items() if s == session}
 
-    def set_head(self, session: str, branch: str, new: str, expected: str | None) -> None:
+    def set_head(
+        self,
+        session: str,
+        branch: str,
+        new: str,
+        expected: str | None,
+        *,
+        fence: Fence | None = None,
+    ) -> None:
         with self._lock:
+            self._check_fence(fence, session)
             current = self._heads.get((session, branch))
             if current != expected:
                 raise ConflictError(

@@ -20,28 +20,44 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
-from ..errors import ConflictError, StoreError, UsageError
+from ..errors import ConflictError, LeaseHeld, StoreError, UsageError
 from .base import (
     GC_EPOCH_KEY,
     BlobInfo,
     BlobRow,
     CheckpointRow,
     Commit,
+    Fence,
     GcEpochChanged,
+    LeaseInfo,
     LogAppend,
     LogInfo,
     MessageRow,
     MetadataStore,
+    lease_held,
+    lease_lost,
 )
 
 __all__ = ["RedisStore"]
 
 # ARGV: prefix, id, session, branch, parent, body, digest, move_head, expected,
 #       log, start, new_log(0/1), log_parent, log_parent_len, n_msgs, n_blobs,
-#       fence(0/1), gc_epoch,
+#       check_epoch(0/1), gc_epoch, lease key ('' = unfenced), lease token,
 #       then n_msgs (chain..data) values, then n_blobs (digest, packed) pairs.
 _COMMIT = """
 local p = ARGV[1]
+if ARGV[19] ~= '' then
+  if redis.call('HGET', ARGV[19], 'token') ~= ARGV[20] then
+    return 'lease:' .. tostring(redis.call('HGET', ARGV[19], 'token'))
+  end
+else
+  local h = redis.call('HMGET', p .. 'lease:' .. ARGV[3], 'owner', 'expires')
+  if h[1] then
+    local t = redis.call('TIME')
+    local left = tonumber(h[2]) - (tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000))
+    if left > 0 then return 'held:' .. h[1] .. ':' .. tostring(left) end
+  end
+end
 local id, session, branch, parent = ARGV[2], ARGV[3], ARGV[4], ARGV[5]
 local body, digest, move, expected = ARGV[6], ARGV[7], ARGV[8], ARGV[9]
 local log, start, newlog = ARGV[10], tonumber(ARGV[11]), ARGV[12]
@@ -70,10 +86,10 @@ if log ~= '' then
   local tip = plen + redis.call('HLEN', p .. 'msgs:' .. log)
   if tip ~= start then return 'conflict:tip' end
   for i = 1, nmsgs do
-    redis.call('HSET', p .. 'msgs:' .. log, tostring(start + i - 1), ARGV[18 + i])
+    redis.call('HSET', p .. 'msgs:' .. log, tostring(start + i - 1), ARGV[20 + i])
   end
 end
-local base = 18 + nmsgs
+local base = 20 + nmsgs
 for i = 1, nblobs do
   redis.call('HDEL', p .. 'condemned', ARGV[base + 2 * i - 1])
   redis.call('SET', p .. 'blob:' .. ARGV[base + 2 * i - 1], ARGV[base + 2 * i], 'NX')
@@ -89,9 +105,13 @@ end
 return 'ok'
 """
 
-# ARGV: prefix, log, start, new_log(0/1), session, log_parent, log_parent_len, then entries.
+# ARGV: prefix, log, start, new_log(0/1), session, log_parent, log_parent_len, lease key,
+#       lease token, then entries.
 _APPEND = """
 local p, log, start, newlog = ARGV[1], ARGV[2], tonumber(ARGV[3]), ARGV[4]
+if ARGV[8] ~= '' and redis.call('HGET', ARGV[8], 'token') ~= ARGV[9] then
+  return 'lease:' .. tostring(redis.call('HGET', ARGV[8], 'token'))
+end
 if newlog == '1' then
   if redis.call('EXISTS', p .. 'log:' .. log) == 1 then return 'conflict:log' end
   redis.call('HSET', p .. 'log:' .. log, 'session', ARGV[5], 'parent', ARGV[6],
@@ -101,8 +121,8 @@ end
 if redis.call('EXISTS', p .. 'log:' .. log) == 0 then return 'conflict:log' end
 local plen = tonumber(redis.call('HGET', p .. 'log:' .. log, 'parent_len'))
 if plen + redis.call('HLEN', p .. 'msgs:' .. log) ~= start then return 'conflict:tip' end
-for i = 8, #ARGV do
-  redis.call('HSET', p .. 'msgs:' .. log, tostring(start + i - 8), ARGV[i])
+for i = 10, #ARGV do
+  redis.call('HSET', p .. 'msgs:' .. log, tostring(start + i - 10), ARGV[i])
 end
 return 'ok'
 """
@@ -152,7 +172,53 @@ end
 return moved
 """
 
+# Leases: hash lease:<session> {owner, token, expires (ms, server clock)}; never deleted, so
+# tokens only grow. ARGV: key, owner, ttl ms. Returns {status, owner, token, ms left}.
+_LEASE = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local owner = redis.call('HGET', ARGV[1], 'owner')
+local token = tonumber(redis.call('HGET', ARGV[1], 'token') or '0')
+local expires = tonumber(redis.call('HGET', ARGV[1], 'expires') or '0')
+if owner and expires > now and owner ~= ARGV[2] then
+  return {'held', owner, token, expires - now}
+end
+if not owner or expires <= now then token = token + 1 end
+redis.call('HSET', ARGV[1], 'owner', ARGV[2], 'token', token,
+           'expires', now + tonumber(ARGV[3]))
+return {'ok', ARGV[2], token, tonumber(ARGV[3])}
+"""
+
+# ARGV: key, token, ttl ms (renew) or -1 (release). Returns 1 if the token still holds it.
+_RENEW = """
+if redis.call('HGET', ARGV[1], 'token') ~= ARGV[2] then return 0 end
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local ttl = tonumber(ARGV[3])
+if ttl < 0 then redis.call('HSET', ARGV[1], 'expires', 0)
+else redis.call('HSET', ARGV[1], 'expires', now + ttl) end
+return 1
+"""
+
+# ARGV: key. Returns {owner, token, ms left} or {}.
+_LEASE_INFO = """
+local h = redis.call('HMGET', ARGV[1], 'owner', 'token', 'expires')
+if not h[1] then return {} end
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+return {h[1], tonumber(h[2]), tonumber(h[3]) - now}
+"""
+
 _SET_HEAD = """
+if ARGV[5] ~= '' and redis.call('HGET', ARGV[5], 'token') ~= ARGV[6] then return -1 end
+if ARGV[5] == '' then
+  local h = redis.call('HMGET', ARGV[7], 'owner', 'expires')
+  if h[1] then
+    local t = redis.call('TIME')
+    local left = tonumber(h[2]) - (tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000))
+    if left > 0 then return -2 end
+  end
+end
 local cur = redis.call('HGET', KEYS[1], ARGV[1])
 if (ARGV[3] == '' and cur) or (ARGV[3] ~= '' and cur ~= ARGV[3]) then return 0 end
 redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
@@ -195,6 +261,9 @@ class RedisStore(MetadataStore):
         self._sweep = self._r.register_script(_SWEEP)
         self._prune = self._r.register_script(_PRUNE)
         self._repoint = self._r.register_script(_REPOINT)
+        self._lease = self._r.register_script(_LEASE)
+        self._renew = self._r.register_script(_RENEW)
+        self._lease_info = self._r.register_script(_LEASE_INFO)
 
     def _k(self, *parts: str | bytes) -> bytes:
         return self.prefix + b"".join(p.encode() if isinstance(p, str) else p for p in parts)
@@ -286,9 +355,11 @@ class RedisStore(MetadataStore):
                 new.session if new is not None else "",
                 (new.parent or "") if new is not None else "",
                 new.parent_len if new is not None else 0,
+                *self._fence_args(a.fence),
                 *(chain + data for chain, data in a.messages),
             ],
         )
+        self._raise_if_fenced(result, a.fence)
         if result != b"ok":
             raise ConflictError(
                 f"append to log {a.log} lost a race ({result.decode()}); another writer appended"
@@ -317,11 +388,13 @@ class RedisStore(MetadataStore):
             len(commit.blobs),
             "1" if commit.gc_epoch is not None else "0",
             commit.gc_epoch or "",
+            *self._fence_args(commit.fence),
             *(chain + data for chain, data in msgs),
         ]
         for b in commit.blobs:
             args += [b.digest.hex(), _pack(b)]
         result = self._call(self._commit, args=args)
+        self._raise_if_fenced(result, commit.fence, r.session)
         if result == b"conflict:gc_epoch":
             raise GcEpochChanged(
                 f"a garbage collection began after checkpoint {r.id} checked which blobs "
@@ -370,17 +443,80 @@ class RedisStore(MetadataStore):
         h = self._call(self._r.hgetall, self._k("heads:", session))
         return {b.decode(): c.decode() for b, c in h.items()}
 
-    def set_head(self, session: str, branch: str, new: str, expected: str | None) -> None:
+    def set_head(
+        self,
+        session: str,
+        branch: str,
+        new: str,
+        expected: str | None,
+        *,
+        fence: Fence | None = None,
+    ) -> None:
         ok = self._call(
             self._set_head,
             keys=[self._k("heads:", session), self._k("sessions")],
-            args=[branch, new, expected or "", session],
+            args=[
+                branch,
+                new,
+                expected or "",
+                session,
+                *self._fence_args(fence),
+                self._k("lease:", session),
+            ],
         )
+        if ok == -1 and fence is not None:
+            raise lease_lost(fence, self._token(fence.session))
+        if ok == -2:
+            info = self.lease_info(session)
+            raise lease_held(session, info.owner if info else "?", info.expires_in if info else 0)
         if not ok:
             raise ConflictError(
                 f"branch {branch!r} of session {session!r} moved (expected {expected}); "
                 "another writer got there first"
             )
+
+    # -- leases (clock: the Redis server's TIME) --------------------------------------------
+    def _fence_args(self, fence: Fence | None) -> tuple[bytes | str, str]:
+        if fence is None:
+            return "", ""
+        return self._k("lease:", fence.session), str(fence.token)
+
+    def _token(self, session: str) -> int | None:
+        got = self._call(self._r.hget, self._k("lease:", session), "token")
+        return None if got is None else int(got)
+
+    def _raise_if_fenced(self, result: bytes, fence: Fence | None, session: str = "") -> None:
+        if fence is not None and result.startswith(b"lease:"):
+            raise lease_lost(fence, self._token(fence.session))
+        if result.startswith(b"held:"):
+            holder, _, left = result[5:].decode().rpartition(":")
+            raise lease_held(session, holder, int(left) / 1000)
+
+    def acquire_lease(self, session: str, owner: str, ttl: float) -> LeaseInfo:
+        status, holder, token, left = self._call(
+            self._lease, args=[self._k("lease:", session), owner, max(1, int(ttl * 1000))]
+        )
+        if status == b"held":
+            raise LeaseHeld(
+                f"session {session!r} is leased by {holder.decode()} for another "
+                f"{left / 1000:.1f} s",
+                owner=holder.decode(),
+                expires_in=left / 1000,
+            )
+        return LeaseInfo(session, holder.decode(), int(token), left / 1000)
+
+    def renew_lease(self, fence: Fence, ttl: float) -> bool:
+        key = self._k("lease:", fence.session)
+        return bool(self._call(self._renew, args=[key, fence.token, max(1, int(ttl * 1000))]))
+
+    def release_lease(self, fence: Fence) -> None:
+        self._call(self._renew, args=[self._k("lease:", fence.session), fence.token, -1])
+
+    def lease_info(self, session: str) -> LeaseInfo | None:
+        got = self._call(self._lease_info, args=[self._k("lease:", session)])
+        if not got:
+            return None
+        return LeaseInfo(session, got[0].decode(), int(got[1]), int(got[2]) / 1000)
 
     def set_label(self, ident: str, session: str, label: str | None) -> None:
         if label is None:

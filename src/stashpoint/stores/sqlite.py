@@ -16,14 +16,15 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import ConflictError, SchemaVersionError, StoreError
-from ._sql import TABLES, TABLES_V2, SqlStore
+from ._sql import TABLES, TABLES_V2, TABLES_V3, SqlStore
 
 __all__ = ["SqliteStore"]
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 MIGRATIONS: list[str] = [  # index = version - 1
     TABLES.format(t="", blob="BLOB"),
     TABLES_V2.format(t="", blob="BLOB"),
+    TABLES_V3.format(t="", blob="BLOB"),
 ]
 
 

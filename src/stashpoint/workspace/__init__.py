@@ -74,7 +74,7 @@ class Workspace:
 
     def scan(self, *, progress: Progress | None = None) -> tuple[ScanResult, list[BlobRow]]:
         """Snapshot the directory; returns the result and the blob rows still to commit."""
-        epoch = self.blobs.meta.get_meta("gc_epoch") or "0"
+        epoch = self.blobs.meta.read_gc_epoch()
         if epoch != self._epoch:  # a GC condemned blobs: cached digests may name them
             self._epoch, self._mem_cache = epoch, None
         writer = self.blobs.writer()

@@ -34,11 +34,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .._fsutil import TMP_MARK, sweep_temp_files
-from ..errors import StashpointError
+from ..errors import StashpointError, UsageError
 from ..model import TreeEntry
 from .tree import TreeReader, validate_name
 
-__all__ = ["RestoreStats", "Restorer", "clean_temp_files"]
+__all__ = ["RestoreBlocked", "RestoreStats", "Restorer", "clean_temp_files"]
 
 _CLOEXEC = getattr(os, "O_CLOEXEC", 0)
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | _CLOEXEC
@@ -112,6 +112,12 @@ if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_after_fork)
 
 
+class RestoreBlocked(UsageError):
+    """The target has a file or link where the workspace has a directory that still holds
+    ignored files, which a restore never touches: the user must move them first (as git
+    refuses to overwrite untracked files)."""
+
+
 @dataclass
 class RestoreStats:
     written: int = 0
@@ -165,6 +171,13 @@ class Restorer:
                 self._create(dfd, name, t, crel)
             elif c.kind != t.kind:
                 self._remove(dfd, name, c, crel)
+                if c.kind == "d" and self.stats.kept_dirs[-1:] == [crel]:
+                    raise RestoreBlocked(
+                        f"{os.fsdecode(crel)} is a directory holding ignored files "
+                        f"({_some_names(dfd, name)}) where the checkpoint has a "
+                        f"{'file' if t.kind == 'f' else 'symlink'}; a rewind never touches "
+                        "ignored files: move them away, then run it again"
+                    )
                 self._create(dfd, name, t, crel)
             elif t.kind == "d":
                 if c.ref != t.ref:
@@ -275,6 +288,19 @@ class Restorer:
         finally:
             os.close(fd)
         self.stats.modes += 1
+
+
+def _some_names(dfd: int, name: bytes) -> str:
+    try:
+        fd = os.open(name, _DIR_FLAGS, dir_fd=dfd)
+        try:
+            found = sorted(os.listdir(fd))
+        finally:
+            os.close(fd)
+    except OSError:
+        return "?"
+    shown = ", ".join(os.fsdecode(n) for n in found[:3])
+    return shown + (" …" if len(found) > 3 else "")
 
 
 def clean_temp_files(root: bytes) -> int:

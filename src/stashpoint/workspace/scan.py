@@ -166,6 +166,7 @@ class Scanner:
         new_files = self.new.files
         racy_after = self._racy_after
         check_ignores = not ctx.empty
+        links: list[bytes] | None = [] if w is not None else None
         if known is not None and dirty is not None:
             # Watch mode: a name without an event since the last snapshot, still listed with
             # the same type, is the file (or link) the stored tree has: no stat needed.
@@ -197,6 +198,8 @@ class Scanner:
                 continue  # deleted while we looked: it is not part of this moment
             mode = st.st_mode
             if mode & _S_IFMT == _S_IFREG:
+                if links is not None and st.st_nlink > 1:
+                    links.append(name)
                 hit = cached_file(crel)
                 if check_ignores and not (trusted and hit) and ctx.ignored(crel, False):
                     continue
@@ -240,6 +243,8 @@ class Scanner:
                 reusable = False  # links are not in the stat cache: always re-encode
             else:
                 self._result.skipped.append(os.fsdecode(crel))
+        if w is not None and links is not None:
+            w.set_links(rel, links)
         if reusable and cached is not None and self._result.read_files == reads_before:
             self.new.trees[rel] = cached
             return cached[4], nfiles, nbytes, False

@@ -96,6 +96,10 @@ class Watcher:
         """Directory -> the names in it that had an event (created, written, removed...)."""
         self.everything = True
         """True until the first scan, and after anything that makes events untrustworthy."""
+        self._links: dict[bytes, frozenset[bytes]] = {}
+        """Directory -> its files with more than one hard link. Writing through a link outside
+        the watched directory names no watched path in any event, so these are never
+        vouched for: every snapshot stats them again."""
 
     def close(self) -> None:
         if self.fd >= 0:
@@ -134,6 +138,13 @@ class Watcher:
         if self.everything or rel not in self._rel_wd:
             return None
         return self._names.get(rel, _NO_NAMES)
+
+    def set_links(self, rel: bytes, names: list[bytes]) -> None:
+        """The scanner saw these hard-linked files when it listed ``rel``."""
+        if names:
+            self._links[rel] = frozenset(names)
+        else:
+            self._links.pop(rel, None)
 
     # -- called around a snapshot -----------------------------------------------------------
     def drain(self) -> None:
@@ -207,3 +218,6 @@ class Watcher:
         self._dirty_below.clear()
         self._names.clear()
         self.everything = False
+        for rel, names in self._links.items():  # never clean: see _links
+            self._mark(rel)
+            self._names[rel] = set(names)

@@ -1,0 +1,123 @@
+"""What redaction and encryption at rest cost (SPEC C21): the same work, four ways.
+
+- state: the SPEC §4 conversation workload (each step adds 2 messages of ~500 B and checkpoints
+  the whole list, state only) for ``steps`` steps; median per-step latency, on ``memory://``
+  (no fsync: on a shared machine the fsync's jitter hides a CPU cost of this size) and on
+  SQLite (what users see).
+- first snapshot: a fresh ``files``-file workspace (SPEC §4 generator), first checkpoint.
+
+Configurations: ``redact=False`` (the floor), redaction on (the default), encryption with
+redaction off, and both. Same process, order rotated per repetition; SQLite at its default
+``synchronous=FULL``, so the per-step figure includes the commit's fsync, as users see it.
+Run: ``python bench/bench_secrets.py [--quick]``.
+"""
+
+from __future__ import annotations
+
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import stashpoint
+from _common import Config, median, row
+from workload import conversation, make_workspace
+
+KEY = bytes(range(32))
+CONFIGS: dict[str, dict[str, Any]] = {
+    "plain": {"redact": False, "key": None},
+    "redact": {"redact": None, "key": None},
+    "encrypt": {"redact": False, "key": KEY},
+    "redact+encrypt": {"redact": None, "key": KEY},
+}
+
+
+def _state_run(tmp: Path | str, cfg: dict[str, Any], steps: int) -> list[float]:
+    pairs = conversation(steps)
+    with stashpoint.open(tmp, encryption_key=cfg["key"]) as store:
+        run = store.session("bench", redact=cfg["redact"])
+        msgs: list[dict[str, Any]] = []
+        times = []
+        for step, pair in enumerate(pairs):
+            msgs = [*msgs, *pair]
+            t0 = time.perf_counter()
+            run.checkpoint({"messages": msgs, "step": step, "plan": ["a", "b", "c"]})
+            times.append(time.perf_counter() - t0)
+    return times
+
+
+def _first_snapshot(tmp: Path, ws: Path, cfg: dict[str, Any]) -> float:
+    with stashpoint.open(tmp, encryption_key=cfg["key"]) as store:
+        run = store.session("bench", workspace=ws, redact=cfg["redact"])
+        t0 = time.perf_counter()
+        run.checkpoint()
+        return time.perf_counter() - t0
+
+
+def run(config: Config) -> list[dict[str, Any]]:
+    base = Path(tempfile.mkdtemp(prefix="sp-bench-secrets-", dir=config.tmp))
+    try:
+        ws = base / "ws"
+        make_workspace(ws, config.files)
+        step_ms: dict[str, list[float]] = {k: [] for k in CONFIGS}
+        mem_ms: dict[str, list[float]] = {k: [] for k in CONFIGS}
+        snap_s: dict[str, list[float]] = {k: [] for k in CONFIGS}
+        names = list(CONFIGS)
+        for rep in range(config.reps):
+            order = names[rep % len(names) :] + names[: rep % len(names)]
+            for name in order:
+                d = base / f"{name}-{rep}"
+                step_ms[name] += [
+                    t * 1000 for t in _state_run(d / "s", CONFIGS[name], config.steps)
+                ]
+                mem = _state_run("memory://", CONFIGS[name], config.steps)
+                mem_ms[name] += [t * 1000 for t in mem]
+                snap_s[name].append(_first_snapshot(d / "w", ws, CONFIGS[name]))
+                shutil.rmtree(d)
+        rows = []
+        for name in names[1:]:
+            rows.append(
+                row(
+                    f"state step, memory:// ({config.steps} steps), {name}",
+                    median(mem_ms[name]),
+                    "ms",
+                    peer=median(mem_ms["plain"]),
+                    peer_name="redact=False",
+                    samples=mem_ms[name],
+                )
+            )
+            rows.append(
+                row(
+                    f"state step, SQLite ({config.steps} steps), {name}",
+                    median(step_ms[name]),
+                    "ms",
+                    peer=median(step_ms["plain"]),
+                    peer_name="redact=False",
+                    samples=step_ms[name],
+                )
+            )
+            rows.append(
+                row(
+                    f"first snapshot ({config.files} files), {name}",
+                    median(snap_s[name]),
+                    "s",
+                    peer=median(snap_s["plain"]),
+                    peer_name="redact=False",
+                    samples=snap_s[name],
+                )
+            )
+        return rows
+    finally:
+        if not config.keep:
+            shutil.rmtree(base, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    cfg = Config.quick() if "--quick" in sys.argv else Config(files=2000, reps=3, steps=500)
+    for r in run(cfg):
+        ratio = f"{r['ratio']:.2f}x" if r["ratio"] else "-"
+        print(
+            f"{r['figure']:<52} {r['stashpoint']:9.3f} {r['unit']:<3} vs {r['peer']:9.3f}  {ratio}"
+        )

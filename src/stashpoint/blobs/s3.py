@@ -1,0 +1,299 @@
+"""Blobs in an S3-compatible bucket: the same objects as the local directory, over HTTP.
+
+What goes here is what a local store keeps as files: 1 MiB chunks of large files (one object
+each, ``PREFIX/chunks/ab/cd/<sha256>``) and packs of small blobs written in bulk
+(``PREFIX/packs/<id>.pack``, read back with ranged GETs). Everything else stays in the
+metadata store, so a checkpoint of a few small edits costs no request at all.
+
+Why it is safe with the commit order of SPEC §5: a PUT is durable once S3 answers it, and the
+record that refers to an object is committed only after that. Every PUT carries the body's
+SHA-256 (``ChecksumSHA256``), so the server rejects a body damaged on the way; every GET is
+checked against the content digest by :class:`~stashpoint.blobs.objects.Blobs`, so a
+tampered object is an :class:`IntegrityError`, never silently used.
+
+GC: a bucket is shared by processes on many machines, so GC can never know it holds the store
+alone (:meth:`S3BlobStore.exclusive` says no) and condemned objects wait out the grace period
+(or ``gc --grace 0``), as with PostgreSQL.
+
+Configuration is boto3's own (``AWS_ACCESS_KEY_ID``, ``AWS_SECRET_ACCESS_KEY``,
+``AWS_DEFAULT_REGION``, ``AWS_ENDPOINT_URL``, profiles), plus ``STASHPOINT_S3_ENDPOINT`` for an
+S3-compatible server (MinIO, Ceph, R2 ...), which wins over ``AWS_ENDPOINT_URL``.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import os
+import re
+import threading
+from collections import OrderedDict
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+from urllib.parse import urlsplit
+
+from ..errors import IntegrityError, StoreError, UsageError
+from .local import PackMissing
+
+__all__ = ["S3BlobStore", "parse_s3_url"]
+
+_MAGIC = b"SPB1"  # same object layout as a local chunk file
+_NAME = re.compile(r"[0-9a-f]{64}")
+_PACK_MAGIC = b"SPPACK1\n"
+_PACK_NAME = re.compile(r"[0-9A-Z]{26}")
+_PACK_CACHE_BYTES = 128 << 20
+_BUCKET = re.compile(r"[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]")
+
+
+def parse_s3_url(url: str) -> tuple[str, str]:
+    """(bucket, key prefix without slashes at either end) of ``s3://bucket/prefix``."""
+    parts = urlsplit(url)
+    if parts.scheme != "s3" or not _BUCKET.fullmatch(parts.netloc or ""):
+        raise UsageError(
+            f"bad blob URL {url!r}: expected s3://BUCKET/PREFIX (bucket: 3-63 lower-case "
+            "letters, digits, dots, dashes)"
+        )
+    if parts.query or parts.fragment:
+        raise UsageError(f"bad blob URL {url!r}: no query or fragment is allowed")
+    return parts.netloc, parts.path.strip("/")
+
+
+def _client() -> Any:
+    try:
+        import boto3
+        from botocore.config import Config
+    except ImportError:
+        raise UsageError("S3 blobs need boto3: pip install 'stashpoint[s3]'") from None
+    endpoint = os.environ.get("STASHPOINT_S3_ENDPOINT") or os.environ.get("AWS_ENDPOINT_URL")
+    region = os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION") or "us-east-1"
+    config = Config(retries={"max_attempts": 5, "mode": "standard"}, max_pool_connections=16)
+    return boto3.session.Session().client(
+        "s3", endpoint_url=endpoint or None, region_name=region, config=config
+    )
+
+
+class S3BlobStore:
+    """The blob-backend interface of :class:`~stashpoint.blobs.local.LocalBlobStore`, on S3."""
+
+    def __init__(self, url: str, *, client: Any = None) -> None:
+        self.url = url
+        self.bucket, prefix = parse_s3_url(url)
+        self.prefix = f"{prefix}/" if prefix else ""
+        self.before_put: Callable[[bytes], None] | None = None
+        """Called with a digest before it is stored (revives a condemned chunk first)."""
+        self._s3 = client if client is not None else _client()
+        self._lock = threading.Lock()
+        self._packs: OrderedDict[str, bytes] = OrderedDict()  # whole packs, least recent first
+        self._cached = 0
+        self._seen: set[str] = set()  # packs read once (a second read fetches the whole pack)
+        from botocore.exceptions import BotoCoreError, ClientError
+
+        self._errors: tuple[type[Exception], ...] = (BotoCoreError, ClientError)
+        try:
+            self._s3.head_bucket(Bucket=self.bucket)
+        except self._errors as exc:
+            raise StoreError(f"cannot reach S3 bucket {self.bucket!r}: {exc}") from exc
+
+    # -- plumbing ---------------------------------------------------------------------------
+    def _key(self, digest: bytes) -> str:
+        h = digest.hex()
+        return f"{self.prefix}chunks/{h[:2]}/{h[2:4]}/{h}"
+
+    def _pack_key(self, name: str) -> str:
+        if not _PACK_NAME.fullmatch(name):
+            raise IntegrityError(f"invalid pack name {name!r}")
+        return f"{self.prefix}packs/{name}.pack"
+
+    @staticmethod
+    def _missing(exc: Exception) -> bool:
+        code = str(getattr(exc, "response", {}).get("Error", {}).get("Code", ""))
+        return code in ("404", "NoSuchKey", "NotFound")
+
+    def _fail(self, what: str, exc: Exception) -> StoreError:
+        return StoreError(f"S3 {what} in s3://{self.bucket}/{self.prefix} failed: {exc}")
+
+    def _put(self, key: str, body: bytes) -> None:
+        checksum = base64.b64encode(hashlib.sha256(body).digest()).decode()
+        try:
+            self._s3.put_object(Bucket=self.bucket, Key=key, Body=body, ChecksumSHA256=checksum)
+        except self._errors as exc:
+            raise self._fail(f"PUT {key}", exc) from exc
+
+    def _head_size(self, key: str) -> int | None:
+        try:
+            return int(self._s3.head_object(Bucket=self.bucket, Key=key)["ContentLength"])
+        except self._errors as exc:
+            if self._missing(exc):
+                return None
+            raise self._fail(f"HEAD {key}", exc) from exc
+
+    def _delete(self, key: str) -> int:
+        size = self._head_size(key)
+        if size is None:
+            return 0
+        try:
+            self._s3.delete_object(Bucket=self.bucket, Key=key)
+        except self._errors as exc:
+            raise self._fail(f"DELETE {key}", exc) from exc
+        return size
+
+    def _list(self, under: str) -> Iterator[dict[str, Any]]:
+        try:
+            pages = self._s3.get_paginator("list_objects_v2").paginate(
+                Bucket=self.bucket, Prefix=self.prefix + under
+            )
+            for page in pages:
+                yield from page.get("Contents", [])
+        except self._errors as exc:
+            raise self._fail(f"LIST {under}", exc) from exc
+
+    def claim(self, store_id: str) -> None:
+        """Mark the prefix as this store's, or refuse one another store uses: a GC lists every
+        object under the prefix and deletes those *its* records do not reference, so two
+        stores sharing a prefix would delete each other's blobs."""
+        key = f"{self.prefix}stashpoint-store"
+        try:
+            owner = self._s3.get_object(Bucket=self.bucket, Key=key)["Body"].read().decode()
+        except self._errors as exc:
+            if not self._missing(exc):
+                raise self._fail(f"GET {key}", exc) from exc
+            self._put(key, store_id.encode())
+            owner = store_id
+        if owner.strip() != store_id:
+            raise UsageError(
+                f"s3://{self.bucket}/{self.prefix} holds the blobs of another store "
+                f"({owner.strip()[:40]}); give each store its own prefix"
+            )
+
+    # -- the backend interface --------------------------------------------------------------
+    @contextmanager
+    def exclusive(self, attempts: int = 1, pause: float = 0.1) -> Iterator[bool]:
+        """Never: other machines may have the bucket open, and S3 has no lock to ask."""
+        yield False
+
+    def close(self) -> None:
+        """Nothing to release: S3 holds no lock for us."""
+
+    def has(self, digest: bytes) -> bool:
+        return self._head_size(self._key(digest)) is not None
+
+    def put(
+        self, digest: bytes, codec: int, size: int, data: bytes, *, revive: bool = True
+    ) -> None:
+        if revive and self.before_put is not None:
+            self.before_put(digest)  # revive first: a GC then cannot delete what we reuse
+        header = _MAGIC + bytes([codec]) + size.to_bytes(8, "big")
+        self._put(self._key(digest), header + data)  # idempotent: same digest, same content
+
+    def get(self, digest: bytes) -> tuple[int, int, bytes] | None:
+        """(codec, size, data), or None when absent; a malformed object is an IntegrityError."""
+        key = self._key(digest)
+        try:
+            raw = self._s3.get_object(Bucket=self.bucket, Key=key)["Body"].read()
+        except self._errors as exc:
+            if self._missing(exc):
+                return None
+            raise self._fail(f"GET {key}", exc) from exc
+        if len(raw) < 13 or raw[:4] != _MAGIC:
+            raise IntegrityError(f"blob {digest.hex()} is corrupt: bad header")
+        return raw[4], int.from_bytes(raw[5:13], "big"), raw[13:]
+
+    def size(self, digest: bytes) -> int | None:
+        return self._head_size(self._key(digest))
+
+    def delete(self, digest: bytes) -> int:
+        """Remove a chunk object; returns the bytes freed (0 if it was gone)."""
+        return self._delete(self._key(digest))
+
+    def iter_sizes(self) -> Iterator[tuple[bytes, int]]:
+        """(digest, object size) of every chunk object."""
+        for obj in self._list("chunks/"):
+            name = str(obj["Key"]).rsplit("/", 1)[-1]
+            if _NAME.fullmatch(name):
+                yield bytes.fromhex(name), int(obj["Size"])
+
+    def __iter__(self) -> Iterator[bytes]:
+        for digest, _size in self.iter_sizes():
+            yield digest
+
+    # -- packs ------------------------------------------------------------------------------
+    def write_pack(self, name: str, parts: list[bytes]) -> list[tuple[int, int]]:
+        """Write ``parts`` into a new pack object; returns (offset, length) of each."""
+        spans = []
+        offset = len(_PACK_MAGIC)
+        for part in parts:
+            spans.append((offset, len(part)))
+            offset += len(part)
+        self._put(self._pack_key(name), b"".join([_PACK_MAGIC, *parts]))
+        return spans
+
+    def read_packed(self, name: str, offset: int, length: int) -> bytes:
+        """One entry of a pack. The first read of a pack is a ranged GET; a second one fetches
+        the whole pack and keeps it (packs are immutable, entries are verified by digest), so
+        a restore or export of N packed files costs about two requests per pack, not N."""
+        key = self._pack_key(name)
+        if length == 0:
+            return b""
+        with self._lock:
+            whole = self._packs.get(name)
+            if whole is not None:
+                self._packs.move_to_end(name)
+            fetch = whole is None and name in self._seen
+            self._seen.add(name)
+        if whole is None and fetch:
+            whole = self._fetch_pack(name, key)
+        if whole is not None:
+            data = whole[offset : offset + length]
+            if len(data) != length:
+                raise IntegrityError(f"pack {name} is truncated")
+            return data
+        try:
+            obj = self._s3.get_object(
+                Bucket=self.bucket, Key=key, Range=f"bytes={offset}-{offset + length - 1}"
+            )
+            data = bytes(obj["Body"].read())
+        except self._errors as exc:
+            if self._missing(exc):
+                raise PackMissing(f"pack {name} is missing") from None
+            code = str(getattr(exc, "response", {}).get("Error", {}).get("Code", ""))
+            if code == "InvalidRange":
+                raise IntegrityError(f"pack {name} is truncated") from None
+            raise self._fail(f"GET {key}", exc) from exc
+        if len(data) != length:
+            raise IntegrityError(f"pack {name} is truncated")
+        return data
+
+    def _fetch_pack(self, name: str, key: str) -> bytes | None:
+        try:
+            whole = bytes(self._s3.get_object(Bucket=self.bucket, Key=key)["Body"].read())
+        except self._errors as exc:
+            if self._missing(exc):
+                raise PackMissing(f"pack {name} is missing") from None
+            raise self._fail(f"GET {key}", exc) from exc
+        if len(whole) > _PACK_CACHE_BYTES // 4:
+            return whole  # used for this read only
+        with self._lock:
+            self._packs[name] = whole
+            self._cached += len(whole)
+            while self._cached > _PACK_CACHE_BYTES:
+                _old, dropped = self._packs.popitem(last=False)
+                self._cached -= len(dropped)
+        return whole
+
+    def packs(self) -> dict[str, tuple[int, float]]:
+        """Pack name -> (object size, last-modified time) of every pack object."""
+        out: dict[str, tuple[int, float]] = {}
+        for obj in self._list("packs/"):
+            stem, _, ext = str(obj["Key"]).rsplit("/", 1)[-1].partition(".")
+            if ext == "pack" and _PACK_NAME.fullmatch(stem):
+                out[stem] = (int(obj["Size"]), obj["LastModified"].timestamp())
+        return out
+
+    def delete_pack(self, name: str) -> int:
+        """Remove a pack object; returns the bytes freed (0 if it was gone)."""
+        with self._lock:
+            dropped = self._packs.pop(name, None)
+            self._cached -= len(dropped) if dropped is not None else 0
+            self._seen.discard(name)
+        return self._delete(self._pack_key(name))

@@ -1,0 +1,146 @@
+"""Copy sessions between stores of any kind (``stashpoint copy``, SPEC C19).
+
+A copy is an export to a private temporary bundle followed by an import, session by session,
+so it obeys every rule a bundle does, with no second implementation to keep in step: records
+are read back verified from the source, the bundle is checked whole before the destination is
+touched, writes go blobs -> logs -> records -> heads, records already there (same id, same
+digest) are skipped (a re-run is idempotent and finishes an interrupted one), and a record,
+log or branch that the destination holds with other contents refuses the copy with a
+:class:`~stashpoint.errors.ConflictError` (exit 3). Then the copied sessions are verified in
+the destination as ``stashpoint verify`` would (an :class:`IntegrityError`, exit 2, if not).
+
+The temporary bundle lives under ``TMPDIR`` (one session at a time, deleted after).
+
+Carried: checkpoints with their hash chain, branch heads, labels, pruned marks, conversation
+and journal logs, and every blob they reference. Not carried: stat caches, GC marks, and the
+journal entries of a live durable run after its last checkpoint (export warns about those).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from ._fsutil import TMP_MARK
+from ._store import Problem, Store
+from .bundle import Clash, export_bundle, import_bundle, read_bundle
+from .errors import ConflictError, IntegrityError, NotFoundError, StoreError
+
+__all__ = ["CopyReport", "copy_sessions"]
+
+Progress = Callable[[int, int], None]
+
+
+@dataclass
+class CopyReport:
+    source: str
+    dest: str
+    sessions: list[str] = field(default_factory=list)
+    checkpoints: int = 0
+    """Records written to the destination."""
+    present: int = 0
+    """Records the destination already had (same id and digest): skipped."""
+    blobs: int = 0
+    """Objects written (trees, blobs, chunks, chunk lists)."""
+    blobs_present: int = 0
+    bytes: int = 0
+    """Bytes of content written."""
+    heads: dict[str, dict[str, dict[str, str | None]]] = field(default_factory=dict)
+    """Session -> branch -> {"head", "action"} (created, fast-forward, unchanged, kept)."""
+    verified: bool = False
+    problems: list[Problem] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        out = {k: v for k, v in vars(self).items() if k != "problems"}
+        out["problems"] = [p.to_dict() for p in self.problems]
+        return out
+
+
+def copy_sessions(
+    source: Store,
+    dest: Store,
+    *,
+    sessions: list[str] | None = None,
+    progress: Progress | None = None,
+) -> CopyReport:
+    """Copy ``sessions`` (default: every session with checkpoints) from ``source`` to
+    ``dest``, then verify them there; see the module docstring for the rules."""
+    if source.id == dest.id:
+        raise ConflictError("source and destination are the same store")
+    names = sessions if sessions is not None else source.sessions()
+    names = [n for n in dict.fromkeys(names) if sessions is not None or _has_records(source, n)]
+    for name in names:
+        if not _has_records(source, name):
+            raise NotFoundError(f"session {name!r} has no checkpoints in {source.url}")
+    if not names:
+        raise NotFoundError(f"{source.url} has no sessions with checkpoints to copy")
+    report = CopyReport(_redact(source.url), _redact(dest.url))
+    done = 0
+    with tempfile.TemporaryDirectory(prefix=TMP_MARK) as tmp:
+        for name in names:
+            path = os.path.join(tmp, "session.spb")
+            base = done
+
+            def step(n: int, nbytes: int, base: int = base) -> None:
+                if progress is not None:
+                    progress(base + n, nbytes)
+
+            try:
+                export_bundle(source, path, session=name, overwrite=True, progress=step)
+            except OSError as exc:
+                raise StoreError(
+                    f"cannot write the temporary bundle for session {name!r} in {tmp}: "
+                    f"{exc.strerror or exc}; set TMPDIR to a place with room"
+                ) from exc
+            with read_bundle(path, hasher=dest.hasher) as bundle:
+                try:
+                    rep = import_bundle(dest, bundle, progress=step)
+                except Clash as exc:
+                    raise ConflictError(
+                        f"copying session {name!r}: {exc}".replace("refusing bundle: ", "")
+                    ) from None
+            os.unlink(path)
+            report.sessions.append(name)
+            report.checkpoints += rep.checkpoints
+            report.present += rep.present
+            report.blobs += rep.objects
+            report.blobs_present += rep.objects_present
+            report.bytes += rep.bytes
+            report.heads[name] = rep.heads
+            done += rep.objects
+    report.problems = _verify(dest, report.sessions, progress)
+    report.verified = not report.problems
+    return report
+
+
+def _redact(url: str) -> str:
+    """A URL fit to print: no password."""
+    return re.sub(r"//([^:/@]+):[^@/]*@", r"//\1:***@", url)
+
+
+def _has_records(store: Store, name: str) -> bool:
+    return bool(store.meta.list_checkpoints(name, limit=1))
+
+
+def _verify(store: Store, sessions: list[str], progress: Progress | None) -> list[Problem]:
+    """``stashpoint verify`` limited to the copied sessions (others are not ours to judge)."""
+    from .verify import _Verifier
+
+    v = _Verifier(store, progress)
+    for name in sessions:
+        v.session(name)
+    return v.report.problems
+
+
+def raise_if_unverified(report: CopyReport) -> None:
+    """Exit 2 for a copy that does not verify in its destination (the CLI's rule)."""
+    if not report.verified:
+        first = report.problems[0].message if report.problems else "unknown problem"
+        raise IntegrityError(
+            f"the copy does not verify in {report.dest}: {first} "
+            f"({len(report.problems)} problem(s); run stashpoint verify there)"
+        )

@@ -1,0 +1,137 @@
+"""Leases: one worker owns a session at a time, across processes and machines (SPEC C17).
+
+A worker acquires the session's lease for ``ttl`` seconds and a thread renews it every
+``ttl / 3``. Each acquisition after an expiry gets a larger *fencing token*; every write the
+worker makes carries its token and the store checks it in the write's own transaction, so a
+worker that stalled past its lease (a GC pause, a frozen VM, a network partition) and was taken
+over cannot write again, however late its commit arrives. Writes without a token are refused
+while someone holds a live lease. Expiry is judged by the store's clock (PostgreSQL, Redis), so
+workers' clocks need not agree.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import socket
+import threading
+import time
+from typing import TYPE_CHECKING
+
+from .errors import LeaseHeld, LeaseLost, StoreError, UsageError
+from .stores.base import Fence, LeaseInfo
+
+if TYPE_CHECKING:
+    from .stores.base import MetadataStore
+
+__all__ = ["DEFAULT_TTL", "Lease", "acquire"]
+
+DEFAULT_TTL = 30.0
+
+
+def default_owner() -> str:
+    """``host:pid``: what an operator needs to find the worker that holds a session."""
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
+class Lease:
+    """A held lease; renewed in the background until :meth:`release` (or ``with`` ends)."""
+
+    def __init__(
+        self, meta: MetadataStore, info: LeaseInfo, ttl: float, *, renew: bool = True
+    ) -> None:
+        self.meta = meta
+        self.session = info.session
+        self.owner = info.owner
+        self.token = info.token
+        self.ttl = ttl
+        self.fence = Fence(info.session, info.token)
+        self._lost: str | None = None
+        self._stop = threading.Event()
+        self._renewed = time.monotonic()
+        self._thread: threading.Thread | None = None
+        if renew:
+            self._thread = threading.Thread(
+                target=self._renew_loop, name=f"stashpoint-lease-{self.session}", daemon=True
+            )
+            self._thread.start()
+
+    @property
+    def lost(self) -> bool:
+        return self._lost is not None
+
+    def check(self) -> None:
+        """Raise :class:`LeaseLost` if renewal found the lease gone (the store checks anyway)."""
+        if self._lost is not None:
+            raise LeaseLost(self._lost)
+
+    def renew(self) -> None:
+        """Extend the lease now; :class:`LeaseLost` if another worker took it over."""
+        if not self.meta.renew_lease(self.fence, self.ttl):
+            self._lost = (
+                f"the lease on session {self.session!r} (token {self.token}) was taken over by "
+                "another worker after it expired"
+            )
+            raise LeaseLost(self._lost)
+        self._renewed = time.monotonic()
+
+    def _renew_loop(self) -> None:
+        while not self._stop.wait(self.ttl / 3):
+            try:
+                self.renew()
+            except LeaseLost:
+                return
+            except StoreError:
+                if time.monotonic() - self._renewed > self.ttl:
+                    self._lost = (
+                        f"could not renew the lease on session {self.session!r} for longer "
+                        "than its ttl (store unreachable)"
+                    )
+                    return
+
+    def release(self) -> None:
+        """Stop renewing and give the lease up (a no-op if it was lost)."""
+        self._stop.set()
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(timeout=5)
+        if self._lost is None:
+            try:
+                self.meta.release_lease(self.fence)
+            except StoreError:
+                pass  # it expires by itself
+            self._lost = f"the lease on session {self.session!r} was released"
+
+    def __enter__(self) -> Lease:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+    def __repr__(self) -> str:
+        return f"Lease(session={self.session!r}, owner={self.owner!r}, token={self.token})"
+
+
+def acquire(
+    meta: MetadataStore,
+    session: str,
+    *,
+    ttl: float = DEFAULT_TTL,
+    owner: str | None = None,
+    wait: float = 0.0,
+    renew: bool = True,
+) -> Lease:
+    """Take the session's lease; with ``wait`` keep trying that long (until the holder releases
+    it or it expires) before raising :class:`LeaseHeld`."""
+    if ttl <= 0:
+        raise UsageError("a lease's ttl must be positive")
+    owner = owner or default_owner()
+    deadline = time.monotonic() + wait
+    while True:
+        try:
+            return Lease(meta, meta.acquire_lease(session, owner, ttl), ttl, renew=renew)
+        except LeaseHeld as exc:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise
+            pause = min(left, max(0.01, exc.expires_in), 1.0) * random.uniform(0.5, 1.0)
+            time.sleep(pause)

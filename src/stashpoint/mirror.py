@@ -1,0 +1,693 @@
+"""Mirrored writes (SPEC C29): every checkpoint also goes to a second store.
+
+``open_store(url, mirror=url2)`` (CLI ``--mirror URL``, env ``STASHPOINT_MIRROR``) returns a
+:class:`MirroredStore`. The contract:
+
+* **Writes go to the primary, then the mirror.** The primary write is the one that counts: it
+  succeeds or fails exactly as without a mirror. Copying to the mirror happens after it, and
+  any failure there (server down, conflict, damage in the primary) is *recorded*, never
+  raised: the store meta key ``mirror:behind`` says since when and why, ``verify --mirror``
+  reports it, and the next successful write catches the mirror up (a full sync) before
+  clearing it.
+* **What is copied:** checkpoint records (byte for byte, so the hash chain and keyed digests
+  verify there too), everything they reference (state values, workspace trees and file
+  contents, conversation and journal logs), branch heads and labels. Blobs are copied as
+  verified content and stored inline in the mirror's metadata store, whatever the primary's
+  placement (packs and chunk files are local to the primary). Damage is never copied: records
+  and blobs are verified on the way. Store-local bookkeeping (GC marks and epochs, retention
+  marks, durable-run records) stays with each store; run ``gc`` on each store separately.
+* **Reads fall back to the mirror** when the primary's record or blob fails verification
+  (:class:`IntegrityError`), is missing, or the primary is unreachable (:class:`StoreError`),
+  with a warning naming what was damaged. Conversation logs are read from the primary only.
+* A mirror that cannot be opened at all leaves a working primary: writes proceed and the
+  mirror is marked behind.
+
+Why a wrapper around the engine's store, not a dual-writing backend: the mirror may be another
+kind of store (SQLite primary, PostgreSQL mirror) with other blob placement, and verified
+fallback reads need the record and blob verification that sits above the backends.
+"""
+
+from __future__ import annotations
+
+import json
+import warnings
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from ._store import Problem, Store
+from .blobs.objects import BlobCodec, Blobs
+from .errors import (
+    ConflictError,
+    IntegrityError,
+    NotFoundError,
+    StashpointError,
+    StoreError,
+    UsageError,
+)
+from .integrity import message_chain
+from .model import Checkpoint, utc_now_iso
+from .stores.base import (
+    EPOCH_MAX_AGE,
+    BlobInfo,
+    BlobRow,
+    CheckpointRow,
+    Commit,
+    Fence,
+    LeaseInfo,
+    LogAppend,
+    LogInfo,
+    MessageRow,
+    MetadataStore,
+)
+from .workspace.tree import TreeReader
+
+__all__ = [
+    "BEHIND_KEY",
+    "MirrorReport",
+    "MirrorWarning",
+    "MirroredStore",
+    "compare_stores",
+    "mirrored",
+]
+
+BEHIND_KEY = "mirror:behind"
+"""Primary store meta key: JSON ``{"mirror", "since", "error"}`` while the mirror lags."""
+
+_BATCH_BYTES = 8 << 20
+_BATCH_MESSAGES = 1000
+
+
+class MirrorWarning(UserWarning):
+    """A read was served by the mirror because the primary failed (or a mirror write failed)."""
+
+
+class _Replicator:
+    """Copies checkpoints and what they reference from a verified primary to a mirror."""
+
+    def __init__(self, primary: Store, mirror: Store) -> None:
+        self.p = primary
+        self.m = mirror
+        self.reader = TreeReader(primary.blobs)
+
+    # -- blobs ----------------------------------------------------------------------------
+    def blobs(self, digests: Iterable[bytes]) -> None:
+        wanted = list(dict.fromkeys(digests))
+        have = self.m.meta.has_blobs(wanted)
+        missing = [d for d in wanted if d not in have]
+        batch: list[BlobRow] = []
+        size = 0
+        for d in missing:
+            row = self.p.meta.get_blob(d)
+            if row is not None and row.codec == BlobCodec.CHUNKS:
+                data = row.data
+                self.blobs(data[i : i + 32] for i in range(0, len(data) - len(data) % 32, 32))
+                new = row  # the chunk list itself; its chunks are in the mirror now
+            else:
+                new = self.m.blobs.encode(d, self.p.blobs.read(d))  # verified on the way
+            batch.append(new)
+            size += len(new.data)
+            if size >= _BATCH_BYTES:
+                self.m.meta.put_blobs(batch)
+                batch, size = [], 0
+        if batch:
+            self.m.meta.put_blobs(batch)
+
+    def tree(self, root: bytes) -> None:
+        """Children before parents, so a tree in the mirror implies its whole subtree."""
+        if self.m.meta.has_blobs([root]):
+            return
+        entries = self.reader.load(root).values()
+        self.blobs(e.ref for e in entries if e.kind == "f")
+        dirs = [e.ref for e in entries if e.kind == "d"]
+        have = self.m.meta.has_blobs(dirs)
+        for d in dirs:
+            if d not in have:
+                self.tree(d)
+        self.blobs([root])
+
+    # -- logs -----------------------------------------------------------------------------
+    def log(self, log: str, depth: int = 0) -> None:
+        pi = self.p.meta.log_info(log)
+        if pi is None or depth > 1000:
+            return None
+        if pi.parent is not None:
+            self.log(pi.parent, depth + 1)
+        mi = self.m.meta.log_info(log)
+        own_start = pi.parent_len if pi.parent is not None else 0
+        start = mi.length if mi is not None else own_start
+        if start >= pi.length:
+            return None
+        prev: bytes | None = None
+        if mi is not None and start > own_start:
+            last = self.m.meta.read_messages(log, start - 1, start)
+            prev = last[0].chain if last else None
+        new = None if mi is not None else LogInfo(pi.session, pi.parent, pi.parent_len, start)
+        while start < pi.length:
+            rows = self.p.meta.read_messages(log, start, min(pi.length, start + _BATCH_MESSAGES))
+            for i, r in enumerate(rows):
+                if r.idx != start + i or (
+                    prev is not None and bytes.fromhex(message_chain(prev.hex(), r.data)) != r.chain
+                ):
+                    raise IntegrityError(f"log {log} is damaged in the primary at {start + i}")
+                prev = r.chain
+            if not rows:
+                raise IntegrityError(f"log {log} is missing messages in the primary at {start}")
+            try:
+                self.m.meta.append_log(
+                    LogAppend(log, start, [(r.chain, r.data) for r in rows], new)
+                )
+            except ConflictError:
+                if depth > 1000:
+                    raise
+                return self.log(log, depth + 1)  # another process appended: start again
+            start += len(rows)
+            new = None
+        return None
+
+    # -- checkpoints, heads, labels -------------------------------------------------------
+    def checkpoint(self, ident: str) -> None:
+        """Copy a checkpoint and every ancestor the mirror lacks, oldest first."""
+        chain: list[CheckpointRow] = []
+        cur: str | None = ident
+        while cur is not None and self.m.meta.get_checkpoint(cur) is None:
+            row = self.p.meta.get_checkpoint(cur)
+            if row is None:
+                raise NotFoundError(f"checkpoint {cur} is missing from the primary")
+            chain.append(row)
+            cur = row.parent
+        for row in reversed(chain):
+            cp = self.p.open_row(row)  # never copy damage
+            self.contents(cp)
+            try:
+                self.m.meta.commit(Commit(row, None, move_head=False))
+            except ConflictError:
+                if self.m.meta.get_checkpoint(row.id) is None:
+                    raise
+                # another process copied it first (they share the mirror): fine
+
+    def contents(self, cp: Checkpoint) -> None:
+        self.blobs(bytes.fromhex(h) for h in cp.state.values.values())
+        if cp.workspace is not None:
+            self.tree(bytes.fromhex(cp.workspace.tree))
+        for ref in (cp.state.conversation, cp.journal):
+            if ref is not None:
+                self.log(ref.log)
+
+    def heads(self, session: str) -> None:
+        for branch, head in self.p.meta.branches(session).items():
+            for _attempt in range(5):
+                current = self.m.meta.get_head(session, branch)
+                if current == head:
+                    break
+                self.checkpoint(head)
+                try:
+                    self.m.meta.set_head(session, branch, head, current)
+                    break
+                except ConflictError:
+                    continue
+
+    def labels(self, session: str) -> None:
+        want = self.p.meta.labels(session)
+        have = self.m.meta.labels(session)
+        for ident, label in want.items():
+            if have.get(ident) != label and self.m.meta.get_checkpoint(ident) is not None:
+                self.m.meta.set_label(ident, session, label)
+        for ident in have.keys() - want.keys():
+            self.m.meta.set_label(ident, session, None)
+
+    def sync(self) -> None:
+        """Bring the whole mirror up to the primary (after it was down, or when it is new)."""
+        for session in self.p.meta.sessions():
+            for row in reversed(self.p.meta.list_checkpoints(session)):
+                self.checkpoint(row.id)
+            self.heads(session)
+            self.labels(session)
+        for log, _info in self.p.meta.iter_logs():
+            self.log(log)
+
+
+class _MirroredMeta(MetadataStore):
+    """The primary's metadata store, with writes copied to the mirror after they succeed and
+    reads served by the mirror while the primary is unreachable."""
+
+    def __init__(self, primary: MetadataStore, store: MirroredStore) -> None:
+        self.p = primary
+        self.store = store
+        self.url = primary.url
+        self.durability = primary.durability
+        self.atomic_unlink = primary.atomic_unlink
+        self._warned = False
+
+    # -- the write path -------------------------------------------------------------------
+    def _then_mirror(self, copy: Callable[[_Replicator], None]) -> None:
+        rep = self.store.replicator
+        if rep is None:
+            self._behind(self.store.mirror_error or "the mirror could not be opened")
+            return
+        try:
+            if self.p.get_meta(BEHIND_KEY) is not None:
+                rep.sync()
+                self.p.set_meta(BEHIND_KEY, None)
+            copy(rep)
+        except Exception as exc:
+            self._behind(f"{type(exc).__name__}: {exc}")
+
+    def _behind(self, error: str) -> None:
+        if self.p.get_meta(BEHIND_KEY) is None:  # keep the first failure's time and reason
+            record = {"mirror": self.store.mirror_url, "since": utc_now_iso(), "error": error}
+            self.p.set_meta(BEHIND_KEY, json.dumps(record))
+        if not self._warned:  # once per store object, in every process
+            self._warned = True
+            warnings.warn(
+                f"the mirror {self.store.mirror_url} is behind ({error}); the primary has "
+                "every checkpoint and the mirror catches up on a later write",
+                MirrorWarning,
+                stacklevel=4,
+            )
+
+    def commit(self, commit: Commit) -> None:
+        self.p.commit(commit)
+        row = commit.row
+
+        def copy(rep: _Replicator) -> None:
+            rep.checkpoint(row.id)
+            if commit.move_head:
+                rep.heads(row.session)
+
+        self._then_mirror(copy)
+
+    def set_head(
+        self,
+        session: str,
+        branch: str,
+        new: str,
+        expected: str | None,
+        *,
+        fence: Fence | None = None,
+    ) -> None:
+        self.p.set_head(session, branch, new, expected, fence=fence)
+        self._then_mirror(lambda rep: rep.heads(session))
+
+    # -- leases belong to the primary: the mirror only follows its writes ------------------
+    def acquire_lease(self, session: str, owner: str, ttl: float) -> LeaseInfo:
+        return self.p.acquire_lease(session, owner, ttl)
+
+    def renew_lease(self, fence: Fence, ttl: float) -> bool:
+        return self.p.renew_lease(fence, ttl)
+
+    def release_lease(self, fence: Fence) -> None:
+        self.p.release_lease(fence)
+
+    def lease_info(self, session: str) -> LeaseInfo | None:
+        return self.p.lease_info(session)
+
+    def read_gc_epoch(self, max_age: float = EPOCH_MAX_AGE) -> str:
+        return self.p.read_gc_epoch(max_age)
+
+    def note_gc_epoch(self, value: str | None) -> None:
+        self.p.note_gc_epoch(value)
+
+    def set_label(self, ident: str, session: str, label: str | None) -> None:
+        self.p.set_label(ident, session, label)
+        self._then_mirror(lambda rep: rep.labels(session))
+
+    def append_log(self, append: LogAppend) -> None:
+        self.p.append_log(append)
+        self._then_mirror(lambda rep: rep.log(append.log))
+
+    # -- reads: the primary, or the mirror while the primary is unreachable ----------------
+    def _read(self, name: str, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return getattr(self.p, name)(*args, **kwargs)
+        except StoreError as exc:
+            mirror = self.store.mirror
+            if mirror is None:
+                raise
+            warnings.warn(
+                f"primary store unreachable ({exc}); reading from the mirror",
+                MirrorWarning,
+                stacklevel=3,
+            )
+            return getattr(mirror.meta, name)(*args, **kwargs)
+
+    def get_checkpoint(self, ident: str) -> CheckpointRow | None:
+        row: CheckpointRow | None = self._read("get_checkpoint", ident)
+        return row
+
+    def list_checkpoints(
+        self, session: str, *, before: str | None = None, limit: int | None = None
+    ) -> list[CheckpointRow]:
+        rows: list[CheckpointRow] = self._read(
+            "list_checkpoints", session, before=before, limit=limit
+        )
+        return rows
+
+    def find_ids(self, prefix: str, session: str | None = None) -> list[str]:
+        ids: list[str] = self._read("find_ids", prefix, session)
+        return ids
+
+    def sessions(self) -> list[str]:
+        out: list[str] = self._read("sessions")
+        return out
+
+    def branches(self, session: str) -> dict[str, str]:
+        out: dict[str, str] = self._read("branches", session)
+        return out
+
+    def labels(self, session: str) -> dict[str, str]:
+        out: dict[str, str] = self._read("labels", session)
+        return out
+
+    def log_info(self, log: str) -> LogInfo | None:
+        info: LogInfo | None = self._read("log_info", log)
+        return info
+
+    def read_messages(self, log: str, start: int, stop: int) -> list[MessageRow]:
+        rows: list[MessageRow] = self._read("read_messages", log, start, stop)
+        return rows
+
+    def get_blob(self, digest: bytes) -> BlobRow | None:
+        row: BlobRow | None = self._read("get_blob", digest)
+        return row
+
+    def get_meta(self, key: str) -> str | None:
+        value: str | None = self._read("get_meta", key)
+        return value
+
+    # -- everything else is the primary's own business ------------------------------------
+    def set_meta(self, key: str, value: str | None) -> None:
+        self.p.set_meta(key, value)
+
+    def has_blobs(self, digests: Iterable[bytes]) -> set[bytes]:
+        return self.p.has_blobs(digests)  # a writer relies on these: the primary's only
+
+    def put_blobs(self, blobs: Sequence[BlobRow]) -> None:
+        self.p.put_blobs(blobs)  # copied with the checkpoint that references them
+
+    def iter_blob_digests(self) -> Iterator[bytes]:
+        return self.p.iter_blob_digests()
+
+    def iter_logs(self) -> Iterator[tuple[str, LogInfo]]:
+        return self.p.iter_logs()
+
+    def iter_checkpoints(self) -> Iterator[CheckpointRow]:
+        return self.p.iter_checkpoints()
+
+    def iter_meta(self, prefix: str) -> Iterator[tuple[str, str]]:
+        return self.p.iter_meta(prefix)
+
+    def iter_blob_info(self) -> Iterator[BlobInfo]:
+        return self.p.iter_blob_info()
+
+    def log_sizes(self) -> dict[str, tuple[int, int]]:
+        return self.p.log_sizes()
+
+    def mark_pruned(self, session: str, ids: Sequence[str], at: str) -> list[str]:
+        return self.p.mark_pruned(session, ids, at)
+
+    def pruned(self, session: str) -> dict[str, str]:
+        return self.p.pruned(session)
+
+    def condemn(self, digests: Sequence[bytes], at: float, epoch: str | None = None) -> None:
+        self.p.condemn(digests, at, epoch)
+
+    def condemned(self) -> dict[bytes, float]:
+        return self.p.condemned()
+
+    def condemned_among(self, digests: Iterable[bytes]) -> set[bytes]:
+        return self.p.condemned_among(digests)
+
+    def revive(self, digests: Sequence[bytes]) -> set[bytes]:
+        return self.p.revive(digests)
+
+    def sweep_blobs(
+        self,
+        digests: Sequence[bytes],
+        before: float,
+        unlink: Callable[[list[bytes]], None] | None = None,
+    ) -> list[bytes]:
+        return self.p.sweep_blobs(digests, before, unlink)
+
+    def delete_logs(self, logs: Sequence[str]) -> None:
+        self.p.delete_logs(logs)
+
+    def repoint_blobs(self, changes: Sequence[tuple[bytes, bytes, bytes]]) -> int:
+        return self.p.repoint_blobs(changes)
+
+    def vacuum(self) -> None:
+        self.p.vacuum()
+
+    def begin_write(self) -> None:
+        self.p.begin_write()
+
+    def end_write(self) -> None:
+        self.p.end_write()
+
+    def writers_in_flight(self) -> int:
+        return self.p.writers_in_flight()
+
+    def close(self) -> None:
+        self.p.close()
+
+
+class _FallbackBlobs(Blobs):
+    """The primary's blob layer; a blob that fails verification there is read from the mirror."""
+
+    mirror: Blobs | None
+    label: str
+
+    def iter_content(self, digest: bytes) -> Iterator[bytes]:
+        sent = 0
+        try:
+            for part in super().iter_content(digest):
+                sent += len(part)
+                yield part
+            return
+        except (IntegrityError, NotFoundError, StoreError) as exc:
+            if self.mirror is None:
+                raise
+            failure = exc
+        skip = sent  # a chunked blob may have failed half-way: resume where it stopped
+        try:
+            parts = self.mirror.iter_content(digest)
+            first = True
+            for part in parts:
+                if first:
+                    warnings.warn(
+                        f"{failure}; read it from the mirror {self.label}", MirrorWarning, 2
+                    )
+                    first = False
+                if skip >= len(part):
+                    skip -= len(part)
+                    continue
+                yield part[skip:]
+                skip = 0
+        except StashpointError:
+            raise failure from None
+
+
+class MirroredStore(Store):
+    """A :class:`Store` whose checkpoints are also written to a mirror store."""
+
+    def __init__(
+        self, primary: Store, mirror: Store | None, mirror_url: str, error: str = ""
+    ) -> None:
+        # Adopt the primary's parts rather than opening them a second time: its blob
+        # directory lock and worker pool are already there, and GC counts open stores.
+        self.__dict__.update(vars(primary))
+        self.primary = primary
+        """The primary alone (no fallback): what ``verify`` checks."""
+        self.mirror = mirror
+        self.mirror_url = mirror_url
+        self.mirror_error = error
+        self.replicator = _Replicator(primary, mirror) if mirror is not None else None
+        self.meta = _MirroredMeta(primary.meta, self)
+        blobs = _FallbackBlobs.__new__(_FallbackBlobs)
+        blobs.__dict__.update(vars(primary.blobs))
+        blobs.meta = self.meta
+        blobs.mirror = mirror.blobs if mirror is not None else None
+        blobs.label = mirror_url
+        self.blobs = blobs
+
+    def get(self, ident: str, *, check_parent: bool = True) -> Checkpoint:
+        try:
+            return super().get(ident, check_parent=check_parent)
+        except (IntegrityError, NotFoundError) as exc:
+            if self.mirror is None:
+                raise
+            try:
+                cp = self.mirror.get(ident, check_parent=check_parent)
+            except StashpointError:
+                raise exc from None
+            if isinstance(exc, IntegrityError):
+                warnings.warn(
+                    f"{exc.args[0]}; read it from the mirror {self.mirror_url}",
+                    MirrorWarning,
+                    stacklevel=2,
+                )
+            return cp
+
+    def open_row(self, row: CheckpointRow) -> Checkpoint:
+        try:
+            return super().open_row(row)
+        except IntegrityError as exc:
+            good = self.mirror.meta.get_checkpoint(row.id) if self.mirror is not None else None
+            if self.mirror is None or good is None:
+                raise
+            try:
+                cp = self.mirror.open_row(good)
+            except StashpointError:
+                raise exc from None
+            warnings.warn(
+                f"{exc.args[0]}; read it from the mirror {self.mirror_url}",
+                MirrorWarning,
+                stacklevel=2,
+            )
+            return cp
+
+    def sync_mirror(self) -> None:
+        """Copy everything the mirror lacks now (also clears the "behind" mark)."""
+        if self.replicator is None:
+            raise StoreError(f"the mirror {self.mirror_url} is not reachable: {self.mirror_error}")
+        self.replicator.sync()
+        self.primary.meta.set_meta(BEHIND_KEY, None)
+
+    def close(self) -> None:
+        self.primary.close()
+        if self.mirror is not None:
+            self.mirror.close()
+
+
+def mirrored(primary: Store, mirror_url: str, open_mirror: Callable[[str], Store]) -> MirroredStore:
+    """Wrap ``primary`` so that its checkpoints are also written to the store at ``mirror_url``.
+
+    A mirror that cannot be opened does not stop the primary (see the module docstring).
+    """
+    try:
+        mirror: Store | None = open_mirror(mirror_url)
+        error = ""
+    except StoreError as exc:
+        mirror, error = None, f"cannot open the mirror: {exc}"
+        warnings.warn(
+            f"mirror {mirror_url} unavailable ({exc}); writing to the primary only",
+            MirrorWarning,
+            stacklevel=3,
+        )
+    except BaseException:  # a bad URL (UsageError) and the like: nothing stays open
+        primary.close()
+        raise
+    if mirror is not None and mirror.url == primary.url:
+        mirror.close()
+        primary.close()
+        raise UsageError(f"the mirror {mirror_url} is the primary store itself")
+    return MirroredStore(primary, mirror, mirror_url, error)
+
+
+# -- verify --mirror ------------------------------------------------------------------------
+@dataclass
+class MirrorReport:
+    """What ``stashpoint verify --mirror`` found."""
+
+    primary: str
+    mirror: str
+    checkpoints: int = 0
+    """Checkpoint ids compared (the union of both stores)."""
+    damaged: list[Problem] = field(default_factory=list)
+    """Integrity problems on either side, or records whose digests disagree."""
+    behind: list[Problem] = field(default_factory=list)
+    """What the mirror lacks or has older (heads, checkpoints): lag, not damage."""
+    behind_since: dict[str, Any] | None = None
+
+    @property
+    def ok(self) -> bool:
+        return not self.damaged
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "ok": self.ok,
+            "in_sync": self.ok and not self.behind and self.behind_since is None,
+            "primary": self.primary,
+            "mirror": self.mirror,
+            "checkpoints": self.checkpoints,
+            "damaged": [p.to_dict() for p in self.damaged],
+            "behind": [p.to_dict() for p in self.behind],
+            "behind_since": self.behind_since,
+        }
+
+
+def compare_stores(primary: Store, mirror: Store) -> MirrorReport:
+    """Verify both stores and compare them: checkpoint ids and digests, heads, and (through
+    each side's full verification) every referenced blob."""
+    from .verify import _Verifier, verify_store
+
+    primary = getattr(primary, "primary", primary)  # never judge the primary through fallback
+    report = MirrorReport(primary.url, mirror.url)
+    checker = _Verifier(primary, None)
+    checker.run()
+    # A record damaged in the primary hides what it references there: check those blobs and
+    # logs in the primary too, through the mirror's intact copy of the record.
+    for ident in sorted({p.checkpoint for p in checker.report.problems if p.checkpoint}):
+        prow, mrow = primary.meta.get_checkpoint(ident), mirror.meta.get_checkpoint(ident)
+        if prow is None or mrow is None:
+            continue
+        try:
+            primary.open_row(prow)
+            continue  # its record is fine: its contents were checked already
+        except IntegrityError:
+            pass
+        try:
+            checker.contents(mirror.open_row(mrow))
+        except StashpointError:
+            continue
+    for p in checker.report.problems:
+        report.damaged.append(Problem(f"primary: {p.message}", p.checkpoint, p.session))
+    for p in verify_store(mirror).problems:
+        report.damaged.append(Problem(f"mirror: {p.message}", p.checkpoint, p.session))
+    raw = primary.meta.get_meta(BEHIND_KEY)
+    if raw is not None:
+        try:
+            report.behind_since = json.loads(raw)
+        except ValueError:
+            report.behind_since = {"error": raw}
+    sessions = sorted(set(primary.meta.sessions()) | set(mirror.meta.sessions()))
+    for session in sessions:
+        p_rows = {r.id: r.digest for r in primary.meta.list_checkpoints(session)}
+        m_rows = {r.id: r.digest for r in mirror.meta.list_checkpoints(session)}
+        report.checkpoints += len(p_rows.keys() | m_rows.keys())
+        for ident in sorted(p_rows.keys() | m_rows.keys()):
+            pd, md = p_rows.get(ident), m_rows.get(ident)
+            if md is None:
+                report.behind.append(
+                    Problem(f"checkpoint {ident} is not in the mirror yet", ident, session)
+                )
+            elif pd is None:
+                report.damaged.append(
+                    Problem(
+                        f"checkpoint {ident} is in the mirror but missing from the primary",
+                        ident,
+                        session,
+                    )
+                )
+            elif pd != md:
+                report.damaged.append(
+                    Problem(
+                        f"checkpoint {ident} has different digests in the primary and the mirror",
+                        ident,
+                        session,
+                    )
+                )
+        p_heads = primary.meta.branches(session)
+        m_heads = mirror.meta.branches(session)
+        for branch in sorted(p_heads.keys() | m_heads.keys()):
+            ph, mh = p_heads.get(branch), m_heads.get(branch)
+            if ph != mh:
+                report.behind.append(
+                    Problem(
+                        f"branch {branch!r} of session {session!r}: primary head {ph}, "
+                        f"mirror head {mh}",
+                        ph or mh,
+                        session,
+                    )
+                )
+    return report

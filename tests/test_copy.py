@@ -1,0 +1,166 @@
+"""``stashpoint copy`` between real stores: SQLite -> PostgreSQL -> Redis -> SQLite, conflicts,
+idempotent re-runs, and a destination that does not verify."""
+
+from __future__ import annotations
+
+import json
+import random
+import sqlite3
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import pytest
+
+import stashpoint
+from stashpoint.blobs.objects import CHUNK_SIZE
+from stashpoint.errors import ConflictError, NotFoundError
+from stashpoint.stores.base import CheckpointRow, Commit
+
+from .conftest import snapshot_tree
+from .test_postgres import pg_url  # noqa: F401 - fixture: a fresh schema per test
+from .test_redis import redis_url  # noqa: F401 - fixture: a fresh key prefix per test
+
+
+def _history(sp: Any, ws: Path) -> None:
+    """Two sessions: files (one chunked), a label, a conversation, a rewind and a fork."""
+    rng = random.Random(7)
+    (ws / "notes.txt").write_text("one\n")
+    (ws / "big.bin").write_bytes(rng.randbytes(CHUNK_SIZE + 4321))
+    sp("snap", "-m", "one", "--label", "start", cwd=ws)
+    (ws / "notes.txt").write_text("two\n")
+    sp("snap", "-m", "two", cwd=ws)
+    sp("rewind", "start", cwd=ws)
+    with stashpoint.open(ws / ".stashpoint") as store:
+        run = store.session("agent")
+        msgs = [{"role": "user", "content": "hi"}]
+        run.checkpoint({"messages": msgs, "plan": [1]})
+        run.checkpoint({"messages": [*msgs, {"role": "assistant", "content": "yo"}]})
+
+
+def _view(sp: Any, store: str, ws: Path) -> dict[str, Any]:
+    out = {}
+    for session in ("main", "agent"):
+        log = json.loads(sp("--store", store, "--session", session, "log", "--json", cwd=ws).out)
+        out[session] = log
+    return out
+
+
+def test_round_trip_sqlite_postgres_redis_sqlite(
+    sp: Any,
+    tmp_path: Path,
+    pg_url: str,  # noqa: F811
+    redis_url: str,  # noqa: F811
+) -> None:
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    _history(sp, ws)
+    src = str(ws / ".stashpoint")
+    back = str(tmp_path / "back")
+    want = _view(sp, src, ws)
+    hops = [(src, pg_url), (pg_url, redis_url), (redis_url, back)]
+    for a, b in hops:
+        rep = json.loads(sp("copy", "--from", a, "--to", b, "--json", cwd=tmp_path).out)
+        assert rep["verified"] is True and rep["problems"] == []
+        assert sorted(rep["sessions"]) == ["agent", "main"]
+        assert rep["checkpoints"] == sum(len(v) for v in want.values())
+        assert rep["blobs"] > 0 and rep["bytes"] >= CHUNK_SIZE
+        assert json.loads(sp("--store", b, "verify", "--json", cwd=tmp_path).out)["ok"]
+        assert _view(sp, b, ws) == want  # ids, parents, labels, messages: the same history
+
+    # Idempotent: a re-run writes nothing and still verifies.
+    again = json.loads(sp("copy", "--from", src, "--to", pg_url, "--json", cwd=tmp_path).out)
+    assert again["checkpoints"] == 0 and again["blobs"] == 0 and again["verified"] is True
+    assert again["present"] == sum(len(v) for v in want.values())
+
+    # What came back restores the same files and state.
+    with stashpoint.open(back) as store:
+        other = tmp_path / "other"
+        other.mkdir()
+        run = store.session("main", workspace=other)
+        run.rewind(store.resolve("start", "main"))
+        assert snapshot_tree(other) == {
+            k: v for k, v in snapshot_tree(ws).items() if k in ("notes.txt", "big.bin")
+        }
+        assert store.session("agent").state()["messages"][-1]["content"] == "yo"
+
+
+def test_one_session_and_human_output(sp: Any, tmp_path: Path) -> None:
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    _history(sp, ws)
+    dest = tmp_path / "dest"
+    res = sp("copy", "--from", str(ws / ".stashpoint"), "--to", str(dest), "--session", "agent")
+    assert "copied 1 session(s) (agent): 2 checkpoint(s)" in res.out and "verified" in res.out
+    with stashpoint.open(dest) as store:
+        assert store.sessions() == ["agent"]
+    missing = sp(
+        "copy",
+        "--from",
+        str(ws / ".stashpoint"),
+        "--to",
+        str(dest),
+        "--session",
+        "nope",
+        check=False,
+    )
+    assert missing.code == 1 and "no checkpoints" in missing.err
+    nowhere = sp("copy", "--from", str(tmp_path / "absent"), "--to", str(dest), check=False)
+    assert nowhere.code == 1 and not (tmp_path / "absent").exists()
+
+
+def test_conflicting_id_is_refused_and_nothing_is_lost(sp: Any, tmp_path: Path) -> None:
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    _history(sp, ws)
+    src, dest = str(ws / ".stashpoint"), str(tmp_path / "dest")
+    with stashpoint.open(src) as s, stashpoint.open(dest) as d:
+        # The destination holds a record with one of the source's ids but other contents
+        # (validly sealed there: not damage, a different record).
+        first = s.session("agent").history()[-1]
+        forged = msgspec.structs.replace(first, meta={"other": "store"}, digest="")
+        sealed, body = d.hasher.seal(forged)
+        row = CheckpointRow(sealed.id, "agent", sealed.branch, None, body, sealed.digest)
+        d.meta.commit(Commit(row, None))
+        before = d.meta.get_checkpoint(first.id)
+    res = sp("copy", "--from", src, "--to", dest, "--json", check=False)
+    assert res.code == 3, res.err
+    assert first.id in res.err and "other contents" in res.err
+    with stashpoint.open(dest) as d:
+        assert d.meta.get_checkpoint(first.id) == before  # not overwritten
+        assert len(d.meta.list_checkpoints("agent")) == 1  # nothing of that session written
+
+
+def test_diverged_branch_is_a_conflict(tmp_path: Path) -> None:
+    from stashpoint.copy import copy_sessions
+
+    with stashpoint.open(tmp_path / "a") as a, stashpoint.open(tmp_path / "b") as b:
+        a.session("s").checkpoint({"v": 1})
+        copy_sessions(a, b)
+        a.session("s").checkpoint({"v": "a"})
+        b.session("s").checkpoint({"v": "b"})
+        with pytest.raises(ConflictError, match="another history"):
+            copy_sessions(a, b)
+        with pytest.raises(NotFoundError):
+            copy_sessions(a, b, sessions=["nope"])
+        with pytest.raises(ConflictError, match="same store"):
+            copy_sessions(a, a)
+
+
+def test_destination_that_does_not_verify_exits_2(sp: Any, tmp_path: Path) -> None:
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    _history(sp, ws)
+    src, dest = str(ws / ".stashpoint"), tmp_path / "dest"
+    sp("copy", "--from", src, "--to", str(dest))
+    # Damage a blob in the destination: a re-run skips it as present, then verify catches it.
+    db = sqlite3.connect(dest / "store.db")
+    digest, data = db.execute("SELECT digest, data FROM blobs WHERE length(data) > 8").fetchone()
+    db.execute("UPDATE blobs SET data=? WHERE digest=?", (bytes(data[:-1]) + b"!", digest))
+    db.commit()
+    db.close()
+    res = sp("copy", "--from", src, "--to", str(dest), "--json", check=False)
+    assert res.code == 2, res.err
+    rep = json.loads(res.out)
+    assert rep["verified"] is False and rep["problems"]
+    assert "does not verify" in res.err

@@ -1,0 +1,173 @@
+"""Leases across processes (SPEC C17): one worker owns a session; a stalled or crashed worker
+is taken over after its lease expires and is fenced off; others are refused with exit 3."""
+
+from __future__ import annotations
+
+import itertools
+import multiprocessing
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+import stashpoint
+from stashpoint.errors import LeaseHeld, LeaseLost
+from stashpoint.lease import acquire
+
+from .conftest import STASHPOINT
+from .test_postgres import pg_url  # noqa: F401 - fixture
+
+ENV_SRC = {**os.environ, "PYTHONPATH": str(Path(stashpoint.__file__).parents[1])}
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
+    if request.param == "sqlite":
+        yield str(tmp_path / "store")
+    else:
+        yield request.getfixturevalue("pg_url")
+
+
+def test_stalled_worker_is_fenced_after_takeover(url: str, tmp_path: Path) -> None:
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    (ws / "f.txt").write_text("a")
+    with stashpoint.open(url) as store_a, stashpoint.open(url) as store_b:
+        # Worker A stops renewing (a long GC pause, a frozen VM): its lease runs out.
+        stalled = acquire(store_a.meta, "job", ttl=3, owner="worker-a", renew=False)
+        run_a = store_a.session("job", workspace=ws, lease=stalled)
+        first = run_a.checkpoint({"step": 1})
+        with pytest.raises(LeaseHeld, match="worker-a"):
+            store_b.session("job", lease=True)
+        while (info := store_b.meta.lease_info("job")) is not None and info.expires_in > 0:
+            time.sleep(0.1)
+        with store_b.session("job", lease=5.0) as run_b:
+            assert run_b.lease is not None and run_b.lease.token == stalled.token + 1
+            (ws / "f.txt").write_text("b")
+            with pytest.raises(LeaseLost, match="taken over"):
+                run_a.checkpoint({"step": 2})  # A wakes up: its write is refused
+            second = run_b.checkpoint({"step": 2})
+        assert second.parent == first.id
+        assert [cp.id for cp in store_b.session("job").history()] == [second.id, first.id]
+        # B released its lease on close: unleased writers may write again.
+        store_b.session("job").checkpoint({"step": 3})
+
+
+_HOLDER = textwrap.dedent(
+    """
+    import sys, time, stashpoint
+    store = stashpoint.open(sys.argv[1])
+    run = store.session("job", lease=float(sys.argv[2]))
+    run.checkpoint({"by": "holder"})
+    print("ready", run.lease.token, flush=True)
+    time.sleep(600)
+    """
+)
+
+
+def test_crashed_worker_is_taken_over_after_expiry(url: str, tmp_path: Path) -> None:
+    holder = subprocess.Popen(
+        [sys.executable, "-c", _HOLDER, url, "1.0"],
+        stdout=subprocess.PIPE,
+        text=True,
+        env=ENV_SRC,
+    )
+    try:
+        assert holder.stdout is not None
+        line = holder.stdout.readline().split()
+        assert line[0] == "ready", line
+        token = int(line[1])
+        with stashpoint.open(url) as store:
+            with pytest.raises(LeaseHeld):
+                store.lease("job")  # alive and renewing
+            holder.send_signal(signal.SIGKILL)
+            holder.wait(30)
+            lease = store.lease("job", ttl=5, wait=30)  # waits out the dead worker's lease
+            assert lease.token == token + 1 and lease.owner != ""
+            with store.session("job", lease=lease) as run:
+                cp = run.checkpoint({"by": "successor"})
+                assert run.head is not None and run.head.id == cp.id
+            lease.release()
+    finally:
+        holder.kill()
+        holder.wait(30)
+        if holder.stdout is not None:
+            holder.stdout.close()
+
+
+def _lease_worker(url: str, worker: int, rounds: int, per: int, out: object) -> None:
+    store = stashpoint.open(url)
+    made = []
+    for _ in range(rounds):
+        with store.lease("shared", ttl=10, wait=120) as lease:
+            run = store.session("shared", lease=lease)
+            for i in range(per):
+                made.append(run.checkpoint({"worker": worker, "i": i}).id)
+    store.close()
+    out.put(made)  # type: ignore[attr-defined]
+
+
+def test_workers_take_turns_without_a_conflict(url: str) -> None:
+    """4 processes share one session by lease: one linear chain, nothing lost, no retries."""
+    ctx = multiprocessing.get_context("spawn")
+    out = ctx.Queue()
+    procs = [ctx.Process(target=_lease_worker, args=(url, w, 5, 3, out)) for w in range(4)]
+    for p in procs:
+        p.start()
+    made = [out.get(timeout=300) for _ in procs]
+    for p in procs:
+        p.join(60)
+        assert p.exitcode == 0
+    ids = {i for m in made for i in m}
+    assert len(ids) == 4 * 5 * 3
+    with stashpoint.open(url) as store:
+        history = store.session("shared").history()
+        assert {cp.id for cp in history} == ids
+        assert history[-1].parent is None
+        assert all(a.parent == b.id for a, b in itertools.pairwise(history))
+        info = store.meta.lease_info("shared")
+        assert info is not None and info.token == 4 * 5 and info.expires_in <= 0
+
+
+def test_cli_write_to_a_leased_session_exits_3(tmp_path: Path) -> None:
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    (ws / "f.txt").write_text("x")
+    env = {**ENV_SRC, "HOME": str(tmp_path)}
+    subprocess.run([*STASHPOINT, "init"], cwd=ws, env=env, check=True, capture_output=True)
+    subprocess.run([*STASHPOINT, "snap"], cwd=ws, env=env, check=True, capture_output=True)
+    with stashpoint.open(ws / ".stashpoint") as store, store.lease("main", owner="agent-7"):
+        (ws / "f.txt").write_text("y")
+        res = subprocess.run(
+            [*STASHPOINT, "snap", "-m", "stray"], cwd=ws, env=env, capture_output=True, text=True
+        )
+        assert res.returncode == 3, res.stderr
+        assert "leased by agent-7" in res.stderr
+    res = subprocess.run(
+        [*STASHPOINT, "snap", "-m", "after"], cwd=ws, env=env, capture_output=True, text=True
+    )
+    assert res.returncode == 0, res.stderr
+
+
+def test_async_api_takes_and_releases_a_lease(tmp_path: Path) -> None:
+    import asyncio
+
+    async def main() -> int:
+        async with await stashpoint.open_async(tmp_path / "s") as store:
+            lease = await store.lease("job", ttl=10, owner="async-worker")
+            run = await store.session("job", lease=lease)
+            await run.checkpoint({"n": 1})
+            with pytest.raises(LeaseHeld):  # an unleased writer is refused meanwhile
+                await store.run_sync(lambda s: s.session("job").checkpoint({"n": 2}))
+            lease.release()
+            again = await store.lease("job", ttl=10, owner="other")
+            again.release()
+            return again.token
+
+    assert asyncio.run(main()) == 2
