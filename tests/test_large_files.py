@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 SCRIPT = r"""
-import hashlib, os, resource, sys
+import hashlib, os, sys
 import stashpoint
 
 ws, home = sys.argv[1], sys.argv[2]
@@ -33,7 +33,11 @@ os.truncate(big, 10)
 run.rewind(cp.id)
 assert os.path.getsize(big) == size, os.path.getsize(big)
 assert digest(big) == want
-print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024)
+# VmHWM, not ru_maxrss: Linux carries ru_maxrss across exec, so a child of a large pytest
+# process would report the parent's peak; VmHWM belongs to this process image alone.
+with open("/proc/self/status") as f:
+    hwm = next(int(line.split()[1]) for line in f if line.startswith("VmHWM:"))
+print(hwm // 1024)
 """
 
 
