@@ -15,12 +15,15 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Sequence
+import uuid
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 __all__ = [
+    "PG_DEFAULT",
     "Config",
     "Gap",
     "ShadowGit",
@@ -28,6 +31,8 @@ __all__ = [
     "dir_size",
     "git_version",
     "median",
+    "pg_base",
+    "pg_schema",
     "row",
     "stashpoint_cmd",
     "timed",
@@ -79,6 +84,33 @@ def row(
         "peer_samples": list(peer_samples),
         "note": note,
     }
+
+
+PG_DEFAULT = "postgresql://postgres@127.0.0.1:5432/test"
+
+
+def pg_base() -> str:
+    """The PostgreSQL server the benchmarks use (the tests' one unless told otherwise)."""
+    return os.environ.get(
+        "STASHPOINT_BENCH_POSTGRES_URL",
+        os.environ.get("STASHPOINT_TEST_POSTGRES_URL", PG_DEFAULT),
+    )
+
+
+@contextmanager
+def pg_schema(base: str, tag: str) -> Iterator[str]:
+    """A store URL on a fresh schema of ``base``, dropped afterwards."""
+    import psycopg
+
+    schema = f"spbench_{tag}_{uuid.uuid4().hex[:10]}"
+    with psycopg.connect(base, autocommit=True) as db:
+        db.execute(f"CREATE SCHEMA {schema}")
+    sep = "&" if "?" in base else "?"
+    try:
+        yield f"{base}{sep}options=-csearch_path%3D{schema}"
+    finally:
+        with psycopg.connect(base, autocommit=True) as db:
+            db.execute(f"DROP SCHEMA {schema} CASCADE")
 
 
 def dir_size(path: Path) -> int:

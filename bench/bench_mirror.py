@@ -11,23 +11,19 @@ something cannot pass unnoticed.
 
 from __future__ import annotations
 
-import os
 import shutil
 import sys
 import tempfile
 import time
-import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import stashpoint
-from _common import Config, median, row
+from _common import Config, median, pg_base, pg_schema, row
 from stashpoint.mirror import MirroredStore, compare_stores
 from workload import conversation
-
-PG_URL = os.environ.get("STASHPOINT_TEST_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/test")
 
 
 @contextmanager
@@ -36,19 +32,12 @@ def _pg_schema() -> Iterator[str | None]:
     try:
         import psycopg
 
-        psycopg.connect(PG_URL, connect_timeout=3).close()
+        psycopg.connect(pg_base(), connect_timeout=3).close()
     except Exception:  # no driver or no server: skip that row
         yield None
         return
-    schema = "spbench_" + uuid.uuid4().hex[:10]
-    with psycopg.connect(PG_URL, autocommit=True) as db:
-        db.execute(f"CREATE SCHEMA {schema}")
-    sep = "&" if "?" in PG_URL else "?"
-    try:
-        yield f"{PG_URL}{sep}options=-csearch_path%3D{schema}"
-    finally:
-        with psycopg.connect(PG_URL, autocommit=True) as db:
-            db.execute(f"DROP SCHEMA {schema} CASCADE")
+    with pg_schema(pg_base(), "mirror") as url:
+        yield url
 
 
 def _steps(store: stashpoint.Store, convo: list[list[dict[str, Any]]]) -> list[float]:
@@ -80,7 +69,7 @@ def run(cfg: Config) -> dict[str, Any]:
             if pg is not None:
                 setups.append(("SQLite mirrored to PostgreSQL", str(tmp / "p3"), pg))
             else:
-                notes.append(f"no PostgreSQL at {PG_URL}: its row is skipped")
+                notes.append(f"no PostgreSQL at {pg_base()}: its row is skipped")
             base: float | None = None
             for label, url, mirror in setups:
                 with stashpoint.open(url, mirror=mirror) as store:

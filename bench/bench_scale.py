@@ -49,12 +49,11 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from _common import Config, median, row
+from _common import Config, median, pg_base, pg_schema, row
 from workload import conversation
 
 PROCS = 8
 BAR_PER_S = 1000.0
-PG_DEFAULT = "postgresql://postgres@127.0.0.1:5432/test"
 REDIS_DEFAULT = "redis://127.0.0.1:6379/0"
 BARRIER_TIMEOUT = 120.0
 JOIN_TIMEOUT = 900.0
@@ -66,13 +65,6 @@ FILES = {  # path -> size in bytes
     "README.md": 1024,
     "notes/todo.txt": 512,
 }
-
-
-def _pg_base() -> str:
-    return os.environ.get(
-        "STASHPOINT_BENCH_POSTGRES_URL",
-        os.environ.get("STASHPOINT_TEST_POSTGRES_URL", PG_DEFAULT),
-    )
 
 
 def _redis_base() -> str:
@@ -352,21 +344,6 @@ def _sp_round(url: str, tmp: Path, per: int, shared: bool) -> dict[str, Any]:
 
 
 @contextmanager
-def _pg_schema(base: str, tag: str) -> Iterator[str]:
-    import psycopg
-
-    schema = f"spbench_{tag}_{uuid.uuid4().hex[:10]}"
-    with psycopg.connect(base, autocommit=True) as db:
-        db.execute(f"CREATE SCHEMA {schema}")
-    sep = "&" if "?" in base else "?"
-    try:
-        yield f"{base}{sep}options=-csearch_path%3D{schema}"
-    finally:
-        with psycopg.connect(base, autocommit=True) as db:
-            db.execute(f"DROP SCHEMA {schema} CASCADE")
-
-
-@contextmanager
 def _redis_prefix(base: str) -> Iterator[str]:
     import redis
 
@@ -396,7 +373,7 @@ def _sqlite_dir(tmp: Path) -> Iterator[str]:
 def _lg_round(base: str, per: int) -> dict[str, Any]:
     from langgraph.checkpoint.postgres import PostgresSaver
 
-    with _pg_schema(base, "lg") as url:
+    with pg_schema(base, "lg") as url:
         with PostgresSaver.from_conn_string(url) as saver:
             saver.setup()
         threads = [f"t{w}" for w in range(PROCS)]
@@ -539,16 +516,16 @@ def run(cfg: Config) -> dict[str, Any]:
     notes: list[str] = []
     durability: dict[str, str] = {}
     results: dict[str, dict[str, Any]] = {}
-    pg_base, redis_base = _pg_base(), _redis_base()
+    pg_url, redis_base = pg_base(), _redis_base()
     try:
-        pg_ok, durability["postgres"] = _pg_available(pg_base)
+        pg_ok, durability["postgres"] = _pg_available(pg_url)
         if pg_ok:
             own, lg_rounds = [], []
             for _ in range(rounds):  # alternate, so a slow spell on the VM hits both
-                with _pg_schema(pg_base, "sp") as url:
+                with pg_schema(pg_url, "sp") as url:
                     own.append(_sp_round(url, tmp, per, shared=False))
                 try:
-                    lg_rounds.append(_lg_round(pg_base, per))
+                    lg_rounds.append(_lg_round(pg_url, per))
                 except ImportError:
                     notes.append(
                         "LangGraph not installed: pip install langgraph-checkpoint-postgres"
@@ -558,7 +535,7 @@ def run(cfg: Config) -> dict[str, Any]:
                 results["langgraph"] = _combine(lg_rounds)
             shared = []
             for _ in range(rounds):
-                with _pg_schema(pg_base, "sp") as url:
+                with pg_schema(pg_url, "sp") as url:
                     shared.append(_sp_round(url, tmp, per, shared=True))
             results["postgres-shared"] = _combine(shared)
         durability["sqlite"] = "SQLite WAL, synchronous=FULL (stashpoint.open's default)"
@@ -657,7 +634,7 @@ def profile(per: int = 200) -> None:
 
     tmp = Path(tempfile.mkdtemp(prefix="sp-bench-scale-prof-"))
     try:
-        with _pg_schema(_pg_base(), "prof") as url:
+        with pg_schema(pg_base(), "prof") as url:
             ws = tmp / "ws"
             ws.mkdir()
             files = _make_workspace(ws, 0)

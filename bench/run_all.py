@@ -38,6 +38,7 @@ BENCHES = {
     "langgraph": "bench_langgraph",
     "artifacts": "bench_artifacts",
     "mirror": "bench_mirror",
+    "durability": "bench_durability",
 }
 RESULTS = Path(__file__).resolve().parent / "results"
 

@@ -75,7 +75,8 @@ def test_show_reports_the_stores_durability(sp: object, tmp_path: object) -> Non
     (ws / "f.txt").write_text("x")
     sp("snap", "-m", "one", cwd=ws)  # type: ignore[operator]
     shown = json.loads(sp("show", "HEAD", "--json", cwd=ws).out)  # type: ignore[operator]
-    assert shown["durability"].startswith("fsync every checkpoint")
+    assert shown["durability"]["level"] == "fsync"
+    assert "synchronous=FULL" in shown["durability"]["backend"]
     human = sp("show", "HEAD", cwd=ws).out  # type: ignore[operator]
     assert "durability" in human and "fsync" in human
 

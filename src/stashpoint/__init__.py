@@ -25,6 +25,7 @@ _EXPORTS = {
     "CheckpointDiff": "stashpoint.session",
     "ConflictError": "stashpoint.errors",
     "DivergenceError": "stashpoint.durable",
+    "Durability": "stashpoint.durability",
     "Effect": "stashpoint.durable",
     "EncryptionKeyError": "stashpoint.errors",
     "IntegrityError": "stashpoint.errors",
@@ -63,6 +64,7 @@ __all__ = [
     "CheckpointDiff",
     "ConflictError",
     "DivergenceError",
+    "Durability",
     "Effect",
     "EncryptionKeyError",
     "IntegrityError",
@@ -99,6 +101,7 @@ if TYPE_CHECKING:
     from ._store import open_store as open
     from .aio import AsyncSession, AsyncStore, open_async
     from .crypto import generate_key
+    from .durability import Durability
     from .durable import (
         DivergenceError,
         Effect,

@@ -14,6 +14,7 @@ from ._fsutil import sweep_temp_files
 from .blobs.backend import BlobBackend
 from .blobs.local import LocalBlobStore
 from .blobs.objects import Blobs
+from .durability import DURABILITY_META, Durability, GroupCommit, resolve
 from .errors import IntegrityError, NotFoundError, StoreError, UsageError
 from .integrity import ChainHasher
 from .model import Checkpoint
@@ -56,8 +57,15 @@ class Store:
         key: bytes | None = None,
         blob_store: BlobBackend | None = None,
         encryption_key: bytes | None = None,
+        durability: Durability | str | None = None,
     ) -> None:
         self.url = meta.url
+        try:
+            self.durability = resolve(durability, meta.get_meta(DURABILITY_META))
+            """Default level of this store's sessions (:mod:`stashpoint.durability`)."""
+        except BaseException:
+            meta.close()
+            raise
         try:
             self.cipher = _check_encryption(meta, encryption_key)
         except BaseException:
@@ -70,6 +78,8 @@ class Store:
             meta = EncryptedLogs(meta, self.cipher)
             key = key if key is not None else self.cipher.mac_key
         self.meta = meta
+        self.group = GroupCommit(meta)
+        """Flushes deferred commits on their levels' schedules; shared by this store's sessions."""
         self.home = home
         """Local directory of the store (for caches and link files), if it has one."""
         if blob_store is None and blob_dir is not None:
@@ -201,8 +211,30 @@ class Store:
                 raise UsageError(f"checkpoint prefix {ref!r} is ambiguous: {', '.join(found)}")
         raise NotFoundError(f"no checkpoint matches {ref!r}")
 
+    def flush(self) -> None:
+        """Make every checkpoint committed so far durable (see :mod:`stashpoint.durability`)."""
+        self.group.flush()
+
+    def set_durability(self, level: Durability | str) -> Durability:
+        """Record ``level`` as this store's default, for every later open (and use it now)."""
+        self.durability = Durability.parse(level)
+        self.meta.set_meta(DURABILITY_META, str(self.durability))
+        return self.durability
+
+    def durability_report(self, level: Durability | None = None) -> dict[str, Any]:
+        """What ``show`` prints: the level, and what the backend makes of it."""
+        level = level or self.durability
+        out = level.to_dict()
+        out["backend"] = self.meta.durability
+        if level.deferred and not self.meta.defers_commits:
+            out["note"] = "this backend does not defer commits: each is as durable as it says"
+        return out
+
     def close(self) -> None:
-        self.meta.close()
+        try:
+            self.group.close()  # deferred checkpoints become durable before the store closes
+        finally:
+            self.meta.close()
         self.blobs.close()  # release the blob directory's lock: a GC may hold it alone now
 
     def __enter__(self) -> Store:
@@ -259,8 +291,13 @@ def open_store(
     blobs: str | None = None,
     mirror: str | os.PathLike[str] | None = None,
     encryption_key: bytes | None = None,
+    durability: Durability | str | None = None,
 ) -> Store:
     """Open a store by URL or path; default ``./.stashpoint`` (SQLite + local blobs).
+
+    ``durability`` (or ``?durability=`` in the URL, or ``$STASHPOINT_DURABILITY``): ``fsync``
+    (default), ``group[:N][,Tms]`` or ``exit``; sessions may choose their own
+    (:mod:`stashpoint.durability`).
 
     With ``mirror`` (another store URL), every checkpoint is also written there and reads fall
     back to it; see :mod:`stashpoint.mirror`.
@@ -287,7 +324,9 @@ def open_store(
         from .mirror import mirrored
 
         try:
-            primary = open_store(url, key=key, blobs=blobs, encryption_key=encryption_key)
+            primary = open_store(
+                url, key=key, blobs=blobs, encryption_key=encryption_key, durability=durability
+            )
         except StoreError as exc:
             raise StoreError(
                 f"{exc}; to read from the mirror alone, open it as the store ({os.fspath(mirror)})"
@@ -298,8 +337,14 @@ def open_store(
             lambda u: open_store(u, key=key, encryption_key=encryption_key),
         )
     text = os.fspath(url) if url is not None else DEFAULT_DIR
-    text, blobs = _split_blobs(text, blobs)
-    kw: dict[str, Any] = {"key": key, "encryption_key": encryption_key}
+    text, blobs = _take_param(text, "blobs", blobs)
+    text, in_url = _take_param(text, "durability", None)
+    level = Durability.parse(durability) if durability is not None else None
+    if in_url is not None:
+        if level is not None and level != Durability.parse(in_url):
+            raise UsageError(f"two durability levels given: {in_url!r} in the URL and {level}")
+        level = Durability.parse(in_url)
+    kw: dict[str, Any] = {"key": key, "encryption_key": encryption_key, "durability": level}
     if text.startswith("memory://"):
         from .stores.memory import MemoryStore
 
@@ -358,22 +403,22 @@ def open_store(
 _BLOBS_KEY = "blobs_url"
 
 
-def _split_blobs(text: str, blobs: str | None) -> tuple[str, str | None]:
-    """Take ``blobs=…`` out of a store URL's query (other parameters stay as written)."""
+def _take_param(text: str, name: str, given: str | None) -> tuple[str, str | None]:
+    """Take ``name=…`` out of a store URL's query (other parameters stay as written)."""
     base, sep, query = text.partition("?")
-    if not sep or "blobs=" not in query:
-        return text, blobs
+    if not sep or f"{name}=" not in query:
+        return text, given
     from urllib.parse import unquote
 
     keep, found = [], None
     for part in query.split("&"):
-        if part.startswith("blobs="):
-            found = unquote(part[len("blobs=") :])
+        if part.startswith(f"{name}="):
+            found = unquote(part[len(name) + 1 :])
         else:
             keep.append(part)
-    if blobs is not None and found is not None and found != blobs:
-        raise UsageError(f"two blob locations given: {found!r} in the URL and {blobs!r}")
-    return (base + "?" + "&".join(keep) if keep else base), blobs or found
+    if given is not None and found is not None and found != given:
+        raise UsageError(f"two values for {name} given: {found!r} in the URL and {given!r}")
+    return (base + "?" + "&".join(keep) if keep else base), given or found
 
 
 def _blob_store(meta: MetadataStore, blobs: str | None) -> BlobBackend | None:

@@ -75,6 +75,7 @@ if TYPE_CHECKING:
     from pathlib import Path
     from types import TracebackType
 
+    from .durability import Durability
     from .durable import Effect, Pending, RunResult, Task
     from .lease import Lease
     from .model import ArtifactRef, Checkpoint
@@ -198,6 +199,10 @@ class AsyncStore:
     async def sessions(self) -> list[str]:
         return await self._in_pool(self.sync.sessions)
 
+    async def flush(self) -> None:
+        """Make every checkpoint committed so far durable (deferred durability levels)."""
+        await self._in_pool(self.sync.flush)
+
     async def lease(
         self, session: str, *, ttl: float = 30.0, owner: str | None = None, wait: float = 0.0
     ) -> Lease:
@@ -245,6 +250,7 @@ async def open(
     blobs: str | None = None,
     mirror: str | os.PathLike[str] | None = None,
     encryption_key: bytes | None = None,
+    durability: Durability | str | None = None,
     max_workers: int | None = None,
 ) -> AsyncStore:
     """Open a store by URL or path (see :func:`stashpoint.open`) without blocking the loop.
@@ -261,6 +267,7 @@ async def open(
             blobs=blobs,
             mirror=mirror,
             encryption_key=encryption_key,
+            durability=durability,
         ),
     )
     try:

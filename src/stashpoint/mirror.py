@@ -236,6 +236,7 @@ class _MirroredMeta(MetadataStore):
         self.store = store
         self.url = primary.url
         self.durability = primary.durability
+        self.defers_commits = primary.defers_commits
         self.atomic_unlink = primary.atomic_unlink
         self._warned = False
 
@@ -434,6 +435,9 @@ class _MirroredMeta(MetadataStore):
 
     def repoint_blobs(self, changes: Sequence[tuple[bytes, bytes, bytes]]) -> int:
         return self.p.repoint_blobs(changes)
+
+    def flush(self) -> None:
+        self.p.flush()  # the mirror's copies are committed durably as they are made
 
     def vacuum(self) -> None:
         self.p.vacuum()

@@ -28,6 +28,7 @@ import msgspec
 from . import serde
 from ._ids import new_id
 from ._store import Store, config_hash
+from .durability import Durability
 from .errors import (
     ConflictError,
     IntegrityError,
@@ -188,6 +189,10 @@ class Session:
             persisted: True, False, a ``{name: regex}`` of extra patterns, or a callable.
             Default: on, unless ``[tool.stashpoint] redact = false``. See
             :mod:`stashpoint.redact`.
+        durability: when a checkpoint is on disk: ``"fsync"`` (before :meth:`checkpoint`
+            returns), ``"group"`` / ``"group:N,Tms"`` (flushed every N checkpoints or T ms)
+            or ``"exit"`` (when the store closes); default: the store's. Safety checkpoints
+            taken before a rewind are always fsynced. See :mod:`stashpoint.durability`.
     """
 
     def __init__(
@@ -210,6 +215,7 @@ class Session:
         validators: Iterable[Callable[[dict[str, Any]], Any]] = (),
         lease: Lease | bool | float | None = None,
         redact: bool | Mapping[str, str] | Callable[[Any], Any] | None = None,
+        durability: Durability | str | None = None,
     ) -> None:
         if not name or "\0" in name:
             raise UsageError("a session needs a non-empty name")
@@ -217,6 +223,7 @@ class Session:
         self._redacted: tuple[list[Any], list[Any]] = ([], [])  # last list: given, redacted
         self.store = store
         self.name = name
+        self.durability = store.durability if durability is None else Durability.parse(durability)
         self.conversation_key = conversation_key
         self.schema_version = schema_version
         self.config_hash = config_hash(config)
@@ -573,6 +580,7 @@ class Session:
                         append,
                         [*ws_rows, *value_rows, *art_rows],
                         fence=self.fence,
+                        durable=not self.durability.deferred,
                     )
                 )
             except (LeaseHeld, LeaseLost):
@@ -582,6 +590,7 @@ class Session:
                 self._log_tips.clear()
                 _backoff(_attempt)
                 continue
+            self.store.group.committed(self.durability)
             if append is not None:
                 self._log_tips[append.log] = append.start + len(append.messages)
             if state is not None:

@@ -62,9 +62,16 @@ def _line(cp: Checkpoint, labels: dict[str, str], heads: dict[str, list[str]]) -
     "and create the store encrypted with it (AES-256-GCM). Every later command then needs it: "
     "$STASHPOINT_KEY_FILE=FILE or $STASHPOINT_KEY.",
 )
+@click.option(
+    "--durability",
+    metavar="LEVEL",
+    help="The store's durability level, for every later command and program: fsync (default: "
+    "every checkpoint on disk before it returns), group[:N][,Tms] (flushed every N "
+    "checkpoints or T ms) or exit (when the store closes).",
+)
 @json_option
 @pass_ctx
-def init(ctx: Ctx, directory: str | None, new_key: str | None) -> None:
+def init(ctx: Ctx, directory: str | None, new_key: str | None, durability: str | None) -> None:
     """Create a store (.stashpoint) in DIRECTORY (default: the current directory).
 
     \b
@@ -72,7 +79,12 @@ def init(ctx: Ctx, directory: str | None, new_key: str | None) -> None:
       stashpoint init            # then: stashpoint snap -m "first"
       stashpoint init --new-key ~/.sp.key && export STASHPOINT_KEY_FILE=~/.sp.key
       export STASHPOINT_KEY=$(stashpoint init --new-key -)
+      stashpoint init --durability group:64,100ms
     """
+    if durability is not None:
+        from ..durability import Durability
+
+        Durability.parse(durability)  # refuse a bad level before creating anything
     from .._store import open_store
     from ..workspace import check_root
 
@@ -86,6 +98,8 @@ def init(ctx: Ctx, directory: str | None, new_key: str | None) -> None:
         key = generate_key()
         key_id = Cipher(bytes.fromhex(key)).key_id
         store = open_store(ctx.store_url or path, encryption_key=bytes.fromhex(key))
+        if durability is not None:
+            store.set_durability(durability)
         store.close()
         if new_key != "-":
             try:  # O_EXCL: never overwrite a key (that would lose the store it opens)
@@ -110,11 +124,15 @@ def init(ctx: Ctx, directory: str | None, new_key: str | None) -> None:
             )
         return
     store = open_store(ctx.store_url or path)
+    if durability is not None:
+        store.set_durability(durability)
+    level = store.durability
     store.close()
     emit(
         ctx,
-        {"store": str(ctx.store_url or path), "created": not existed},
-        f"{'Reinitialised' if existed else 'Initialised'} stashpoint store in {path}",
+        {"store": str(ctx.store_url or path), "created": not existed, "durability": str(level)},
+        f"{'Reinitialised' if existed else 'Initialised'} stashpoint store in {path}"
+        + (f" (durability: {level.describe()})" if durability is not None else ""),
     )
 
 
@@ -314,7 +332,7 @@ def show(ctx: Ctx, ref: str, list_files: bool, artifact: str | None, output: str
         data["state"] = to_tree(session.state(cp))
     except PrunedError:  # the record stays for the hash chain; its contents were released
         data["state"], data["pruned"], list_files = None, True, False
-    data["durability"] = session.store.meta.durability
+    data["durability"] = session.store.durability_report(session.durability)
     manifest: dict[str, Any] | None = None
     if cp.workspace is not None:
         manifest = {
@@ -351,7 +369,8 @@ def show(ctx: Ctx, ref: str, list_files: bool, artifact: str | None, output: str
         if key in cp.meta:
             click.echo(f"  {key:<14} {cp.meta[key]}"[:300])
     click.echo(f"  {'digest':<14} {cp.digest}")
-    click.echo(f"  {'durability':<14} {data['durability']}")
+    dur = data["durability"]
+    click.echo(f"  {'durability':<14} {dur['means']} ({dur['backend']})")
     click.echo(
         f"  {'schema':<14} v{cp.schema_version}  deps: "
         + ", ".join(f"{k} {v}" for k, v in cp.deps.items())

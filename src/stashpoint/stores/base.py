@@ -132,6 +132,10 @@ class Commit:
     fence: Fence | None = None
     """When set, checked in the commit's own transaction: a worker whose lease was taken
     over cannot write, however late its commit arrives (:class:`LeaseLost`)."""
+    durable: bool = True
+    """False: the commit may return before it is on disk (a deferred durability level, see
+    :mod:`stashpoint.durability`); :meth:`MetadataStore.flush` makes it durable later. A
+    backend that cannot defer ignores it (it is then more durable than asked, never less)."""
 
 
 class Fence(NamedTuple):
@@ -191,6 +195,12 @@ class MetadataStore(ABC):
     url: str
     durability: str = "unknown"
     """What a committed checkpoint survives, in words (``stashpoint show`` prints it)."""
+
+    defers_commits: bool = False
+    """Whether :attr:`Commit.durable` = False makes commits cheaper here (SQLite, PostgreSQL)."""
+
+    def flush(self) -> None:  # noqa: B027 - optional: only backends that defer commits act
+        """Make every commit returned so far durable (after commits with ``durable=False``)."""
 
     # -- store-level settings -------------------------------------------------------------
     @abstractmethod

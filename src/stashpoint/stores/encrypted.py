@@ -58,6 +58,7 @@ class EncryptedLogs(MetadataStore):
         self.cipher = cipher
         self.url = inner.url
         self.durability = inner.durability
+        self.defers_commits = inner.defers_commits
         self.atomic_unlink = inner.atomic_unlink
 
     # -- the sealed part ------------------------------------------------------------------
@@ -114,6 +115,8 @@ class EncryptedLogs(MetadataStore):
         return self.cipher.open(raw, b"meta\0" + key.encode(), what).decode()
 
     # -- passed through -------------------------------------------------------------------
+    def flush(self) -> None:
+        self.inner.flush()
 
     def has_blobs(self, digests: Iterable[bytes]) -> set[bytes]:
         return self.inner.has_blobs(digests)

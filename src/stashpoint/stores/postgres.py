@@ -140,10 +140,14 @@ MIGRATIONS: list[str] = [  # index = version - 1
     TABLES_V3.format(t="sp_", blob="BYTEA") + ";" + FUNCTIONS,
 ]
 
-_COMMIT = (  # %b: every parameter in binary format (bytea arrays are not text-escaped)
-    "SELECT sp_commit("
+_COMMIT_CALL = (  # %b: every parameter in binary format (bytea arrays are not text-escaped)
+    "sp_commit("
     + ", ".join(["%b"] * 17)
     + ", %b::bytea[], %b::bytea[], %b::bytea[], %b::integer[], %b::bigint[], %b::bytea[])"
+)
+_COMMIT = "SELECT " + _COMMIT_CALL
+_COMMIT_DEFERRED = (  # the same implicit transaction, committed without waiting for its flush
+    _COMMIT + ", set_config('synchronous_commit', 'off', true)"
 )
 _APPEND = "SELECT sp_append(%b, %b, %b, %b, %b, %b, %b::bytea[], %b::bytea[], %b, %b)"
 _OUR_PARAMS = ("pool_max",)
@@ -160,6 +164,7 @@ def _driver() -> Any:
 
 
 class PostgresStore(SqlStore):
+    defers_commits = True
     param = "%s"
     prefix = "sp_"
     share = " FOR SHARE"  # a commit's epoch check waits for a GC condemning blobs
@@ -170,7 +175,10 @@ class PostgresStore(SqlStore):
         psycopg = _driver()
         self.url = url
         conninfo, options = _split_url(url)
-        self.durability = "PostgreSQL commit (as synchronous_commit is set on the server)"
+        self.durability = (
+            "PostgreSQL WAL: durable commits as the server's synchronous_commit says; deferred "
+            "ones with synchronous_commit=off until a flush commits synchronously"
+        )
         self._errors = psycopg.errors
         self._lock = threading.RLock()
         try:
@@ -283,7 +291,7 @@ class PostgresStore(SqlStore):
         a = c.append
         fence = c.fence
         epoch = self._call(
-            _COMMIT,
+            _COMMIT if c.durable else _COMMIT_DEFERRED,
             (
                 r.id,
                 r.session,
@@ -305,6 +313,11 @@ class PostgresStore(SqlStore):
         )
         self.note_gc_epoch(str(epoch) if epoch is not None else "0")
         self.end_write()
+
+    def flush(self) -> None:
+        """One synchronous commit that writes a commit record: PostgreSQL flushes its WAL up to
+        that record, which covers every transaction committed before it, deferred or not."""
+        self._call("SELECT pg_current_xact_id()::text", ())
 
     def append_log(self, append: LogAppend) -> None:
         fence = append.fence

@@ -93,6 +93,31 @@ class MetadataStoreConformance:
         assert ms.sessions() == ["s"]
         assert ms.get_blob(_blob(b"v").digest) is not None
 
+    def test_deferred_commits_are_atomic_visible_and_flushed(
+        self, ms: MetadataStore, make_store: Callable[[], MetadataStore]
+    ) -> None:
+        """A commit that may return before it is on disk (a deferred durability level) keeps
+        every other guarantee: visible at once, compare-and-set, readable by a second
+        connection; ``flush`` then makes it durable (a backend that cannot defer ignores it)."""
+        ms.commit(Commit(_row("01A"), None, blobs=[_blob(b"d")], durable=False))
+        ms.commit(Commit(_row("01B", "01A"), "01A", durable=False))
+        with pytest.raises(ConflictError):
+            ms.commit(Commit(_row("01C", "01A"), "01A", durable=False))
+        assert ms.get_checkpoint("01C") is None
+        ms.set_meta("conformance:shared", "yes")
+        ms.flush()
+        other = make_store()
+        try:
+            if other.get_meta("conformance:shared") is None:
+                return  # make_store opens a new, separate store (memory): nothing to share
+            assert other.get_head("s", "main") == "01B"
+            assert other.get_blob(_blob(b"d").digest) is not None
+            other.flush()  # nothing pending there: a no-op
+        finally:
+            other.close()
+        ms.commit(Commit(_row("01D", "01B"), "01B"))  # back to a durable commit
+        assert ms.get_head("s", "main") == "01D"
+
     def test_head_compare_and_set(self, ms: MetadataStore) -> None:
         ms.commit(Commit(_row("01A"), None))
         ms.commit(Commit(_row("01B", "01A"), "01A"))
