@@ -265,7 +265,7 @@ def test_the_async_api_takes_a_mirror(tmp_path: Path) -> None:
 
     async def main() -> str:
         url, mirror = str(tmp_path / "p"), f"file://{tmp_path / 'm'}"
-        async with await stashpoint.aio.open(url, mirror=mirror) as store:
+        async with await stashpoint.open_async(url, mirror=mirror) as store:
             run = await store.session("s")
             cp = await run.checkpoint({"n": 1})
         return cp.id
