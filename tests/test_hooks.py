@@ -164,6 +164,67 @@ def test_claude_code_rewind_restores_what_shell_commands_changed(sp: Sp, tmp_pat
     assert "FAILED" not in log
 
 
+def test_claude_code_failed_tool_calls_and_session_end_are_snapshotted(
+    sp: Sp, tmp_path: Path
+) -> None:
+    """A Bash command that changes files and then fails reaches Claude Code's hooks as
+    PostToolUseFailure; changes after the last Stop (an interrupted turn, then /exit) only as
+    SessionEnd. Both must give a checkpoint to rewind to."""
+    ws = project(tmp_path / "proj")
+    sp("hooks", "install", "claude-code", cwd=ws)
+    settings = ws / ".claude" / "settings.local.json"
+    data = json.loads(settings.read_text())
+    assert set(data["hooks"]) == {
+        "SessionStart",
+        "UserPromptSubmit",
+        "PostToolUse",
+        "PostToolUseFailure",
+        "Stop",
+        "SessionEnd",
+    }
+    assert (
+        data["hooks"]["PostToolUseFailure"][0]["matcher"]
+        == "Bash|Edit|MultiEdit|Write|NotebookEdit"
+    )
+    assert "matcher" not in data["hooks"]["SessionEnd"][0]
+    env = hook_env(tmp_path, CLAUDE_PROJECT_DIR=str(ws))
+    base = {"session_id": "f41l", "cwd": str(ws), "transcript_path": "/dev/null"}
+
+    def hook(event: str, **fields: Any) -> None:
+        run_hook(
+            installed_command(settings, event),
+            ws,
+            env,
+            {**base, "hook_event_name": event, **fields},
+        )
+
+    hook("SessionStart", source="startup")
+    before = snapshot_tree(ws)
+    failing = "sed -i 's/milk/bread/' notes.txt && rm README.md && false"
+    proc = subprocess.run(["sh", "-c", failing], cwd=ws)
+    assert proc.returncode == 1
+    hook(
+        "PostToolUseFailure",
+        tool_name="Bash",
+        tool_input={"command": failing},
+        error="Command exited with non-zero status code 1",
+        is_interrupt=False,
+    )
+    after_failure = snapshot_tree(ws)
+    write(ws / "src/app.py", "def main():\n    return 42\n")  # the user, after the last turn
+    hook("SessionEnd", reason="prompt_input_exit")
+    cps = log_json(sp, ws, "claude-f41l")
+    assert [c["message"] for c in reversed(cps)] == [
+        "claude SessionStart: startup",
+        "claude PostToolUseFailure Bash: " + failing,
+        "claude SessionEnd: prompt_input_exit",
+    ]
+    sp("--session", "claude-f41l", "rewind", cps[1]["id"], cwd=ws)
+    assert snapshot_tree(ws) == after_failure
+    sp("--session", "claude-f41l", "rewind", cps[2]["id"], cwd=ws)
+    assert snapshot_tree(ws) == before  # the failed command's rm and sed -i are undone
+
+
 def test_codex_hooks_and_notify(sp: Sp, tmp_path: Path) -> None:
     ws = project(tmp_path / "repo")
     sp("hooks", "install", "codex", cwd=ws)
@@ -289,6 +350,7 @@ def test_aider_recipe_merges_into_its_config(sp: Sp, tmp_path: Path) -> None:
     text = conf.read_text()
     assert text.startswith(original)
     assert "auto-test: true\n" in text and "hooks run aider" in text
+    assert "notifications: true\n" in text and "hooks run aider end-of-reply" in text
     sp("hooks", "install", "aider", cwd=ws)
     assert conf.read_text() == text
     sp("hooks", "uninstall", "aider", cwd=ws)
@@ -308,6 +370,18 @@ def test_aider_recipe_merges_into_its_config(sp: Sp, tmp_path: Path) -> None:
     assert cps[0]["message"] == "aider after edit"
     sp("--session", "aider", "rewind", "HEAD~1", cwd=ws)
     assert (ws / "notes.txt").read_text() == "remember the milk\n"
+
+    # a reply that only ran a shell command: aider's notifications-command snapshots it
+    sh(ws, "mv README.md README.old")
+    res = sp("hooks", "run", "aider", "end-of-reply", cwd=ws)
+    assert res.out == ""
+    assert log_json(sp, ws, "aider")[0]["message"] == "aider end of reply"
+
+    # notification settings of the user's own are left alone
+    write(conf, original + "notifications: false\n")
+    sp("hooks", "install", "aider", cwd=ws)
+    mine = conf.read_text()
+    assert "notifications-command" not in mine and "test-cmd" in mine
 
 
 def test_bad_payload_broken_store_and_refused_root_exit_0_and_log(sp: Sp, tmp_path: Path) -> None:

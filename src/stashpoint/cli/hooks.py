@@ -44,13 +44,19 @@ LOG_MAX_BYTES = 1 << 20
 
 # (event, matcher): a prompt (captures the user's own edits and gives a point to rewind to
 # "before I asked that"), each tool that can change files, the end of a turn as a catch-all,
-# and the session start as the baseline.
+# and the session start as the baseline. Claude Code reports a tool call that failed (a Bash
+# command exiting non-zero, which may well have changed files first) as PostToolUseFailure,
+# not PostToolUse, and a session that ends without a last Stop (an interrupt, then /exit) only
+# as SessionEnd: both are snapshotted too.
+_CLAUDE_TOOLS = "Bash|Edit|MultiEdit|Write|NotebookEdit"
 JSON_HOOK_EVENTS = {
     "claude-code": (
         ("SessionStart", None),
         ("UserPromptSubmit", None),
-        ("PostToolUse", "Bash|Edit|MultiEdit|Write|NotebookEdit"),
+        ("PostToolUse", _CLAUDE_TOOLS),
+        ("PostToolUseFailure", _CLAUDE_TOOLS),
         ("Stop", None),
+        ("SessionEnd", None),
     ),
     "codex": (
         ("SessionStart", None),
@@ -62,6 +68,8 @@ JSON_HOOK_EVENTS = {
 
 AIDER_BEGIN = "# >>> stashpoint hooks (remove with: stashpoint hooks uninstall aider) >>>"
 AIDER_END = "# <<< stashpoint hooks <<<"
+AIDER_REPLY_END = "end-of-reply"
+"""Argument of the command aider runs as its notifications-command (when a reply is done)."""
 AIDER_LOOP = (
     'while sleep 30; do stashpoint snap --if-changed -m "aider: periodic" >/dev/null; done &'
 )
@@ -228,7 +236,12 @@ def _aider_key(text: str, key: str) -> str | None:
 
 def _install_aider(text: str, command: str) -> str:
     """Add (or refresh) our marked block in .aider.conf.yml, refusing to override the user's
-    own test command: wrapping it is a one-line edit we show instead of guessing at YAML."""
+    own test command: wrapping it is a one-line edit we show instead of guessing at YAML.
+
+    Two aider settings run our command: ``test-cmd`` (with ``auto-test``) after each reply
+    that edited files, and ``notifications-command`` when a reply is finished and aider waits
+    for input, which also covers replies that only ran shell commands. The second is added
+    only when the user has no notification settings of their own."""
     outside = _AIDER_BLOCK.sub("", text)
     own_cmd = _aider_key(outside, "test-cmd")
     if own_cmd is not None:
@@ -246,13 +259,26 @@ def _install_aider(text: str, command: str) -> str:
     lines = [AIDER_BEGIN]
     if auto_test is None:
         lines.append("auto-test: true")
-    lines += [f"test-cmd: {json.dumps(command)}", AIDER_END]
+    lines.append(f"test-cmd: {json.dumps(command)}")
+    if not _aider_owns_notifications(outside):
+        lines += [
+            "notifications: true",
+            f"notifications-command: {json.dumps(command + ' ' + AIDER_REPLY_END)}",
+        ]
+    lines.append(AIDER_END)
     block = "\n".join(lines) + "\n"
     if _AIDER_BLOCK.search(text):
         return _AIDER_BLOCK.sub(lambda _m: block, text, count=1)
     if text and not text.endswith("\n"):
         text += "\n"
     return text + block
+
+
+def _aider_owns_notifications(text: str) -> bool:
+    """Whether the user configured aider's notifications themselves (we leave them alone)."""
+    return _aider_key(text, "notifications-command") is not None or (
+        _aider_key(text, "notifications") is not None
+    )
 
 
 def _yaml_scalar(value: str) -> str:
@@ -389,7 +415,9 @@ def _notes(agent: str, session: str | None, command: str, store: str) -> list[st
     else:
         out += [
             "aider has no hook system. This recipe makes aider run the snapshot as its test",
-            "command after each edit it applies (after the shell commands it ran, too).",
+            "command after each reply that edited files, and as its notifications-command when",
+            "a reply is done (also one that only ran shell commands; left out if your config",
+            "sets notifications itself).",
             "To keep running your own tests: test-cmd: "
             + json.dumps(command + " --exec 'pytest -q'"),
             "aider snapshots only after its own edits; for changes made in between, run a loop:",
@@ -794,9 +822,14 @@ def _message(
         detail = payload["source"]
     elif isinstance(payload.get("input-messages"), list) and payload["input-messages"]:
         detail = payload["input-messages"][-1]
+    elif _text(payload.get("reason")):
+        detail = payload["reason"]  # SessionEnd: clear, logout, prompt_input_exit, other
     elif agent == "aider":
+        words = [a for a in args if not a.lstrip().startswith("{")]
+        if words[:1] == [AIDER_REPLY_END]:
+            return "aider end of reply"
         head = "aider after edit"
-        detail = " ".join(a for a in args if not a.lstrip().startswith("{")) or None
+        detail = " ".join(words) or None
     return f"{head}: {_excerpt(detail)}" if detail else head
 
 
@@ -804,7 +837,7 @@ def _meta(agent: str, event: str, payload: dict[str, Any], agent_session: str | 
     meta: dict[str, Any] = {"agent": agent, "event": event}
     if agent_session:
         meta["agent_session"] = agent_session
-    for key in ("tool_name", "transcript_path", "turn_id", "turn-id", "model", "source"):
+    for key in ("tool_name", "transcript_path", "turn_id", "turn-id", "model", "source", "reason"):
         value = payload.get(key)
         if isinstance(value, str | int | float | bool):
             meta[key.replace("-", "_")] = value
