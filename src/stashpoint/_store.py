@@ -215,6 +215,12 @@ class Store:
         """Make every checkpoint committed so far durable (see :mod:`stashpoint.durability`)."""
         self.group.flush()
 
+    def committed(self, durability: Durability) -> None:
+        """A session committed a checkpoint through this object: schedule its flush, and
+        check on the store's upkeep when this object closes (:mod:`stashpoint.upkeep`)."""
+        self.wrote = True
+        self.group.committed(durability)
+
     def set_durability(self, level: Durability | str) -> Durability:
         """Record ``level`` as this store's default, for every later open (and use it now)."""
         self.durability = Durability.parse(level)
@@ -231,11 +237,18 @@ class Store:
         return out
 
     def close(self) -> None:
+        if self.__dict__.get("closed"):
+            return
+        self.closed = True
         try:
             self.group.close()  # deferred checkpoints become durable before the store closes
+            if self.__dict__.get("wrote"):
+                from .upkeep import run_if_due
+
+                run_if_due(self)  # retention and the size budget, once a period
         finally:
             self.meta.close()
-        self.blobs.close()  # release the blob directory's lock: a GC may hold it alone now
+            self.blobs.close()  # release the blob directory's lock: a GC may hold it alone now
 
     def __enter__(self) -> Store:
         return self

@@ -149,14 +149,14 @@ class GroupCommit:
         flush_now = False
         with self._lock:
             self._pending += 1
-            if durability.level == "exit":
-                self._register_exit()
-            elif durability.every is not None and self._pending >= durability.every:
-                flush_now = True
-            elif durability.ms is not None and self._timer is None:
-                self._timer = threading.Timer(durability.ms / 1000.0, self._on_timer)
-                self._timer.daemon = True
-                self._timer.start()
+            self._register_exit()  # whatever the level, nothing deferred outlives the process
+            if durability.level == "group":
+                if durability.every is not None and self._pending >= durability.every:
+                    flush_now = True
+                elif durability.ms is not None and self._timer is None:
+                    self._timer = threading.Timer(durability.ms / 1000.0, self._on_timer)
+                    self._timer.daemon = True
+                    self._timer.start()
         if flush_now:
             self.flush()
 

@@ -590,7 +590,7 @@ class Session:
                 self._log_tips.clear()
                 _backoff(_attempt)
                 continue
-            self.store.group.committed(self.durability)
+            self.store.committed(self.durability)
             if append is not None:
                 self._log_tips[append.log] = append.start + len(append.messages)
             if state is not None:

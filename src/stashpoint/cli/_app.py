@@ -60,6 +60,11 @@ class Ctx:
 
             url, _root, _s, _b = self.locate(create=create)
             self._store = open_store(url, mirror=self.mirror_url or None)
+            # Closed when the command ends: deferred commits are flushed, and a store that was
+            # written to gets its periodic upkeep (retention, size budget).
+            current = click.get_current_context(silent=True)
+            if current is not None:
+                current.call_on_close(self._store.close)
         return self._store  # type: ignore[no-any-return]
 
     def session(self, *, create: bool = False, files: bool = True) -> Session:

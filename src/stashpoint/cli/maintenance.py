@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 import click
@@ -52,6 +53,27 @@ def _seconds(text: str) -> float:
     show_default=True,
     help="Keep labelled checkpoints and milestones.",
 )
+@click.option(
+    "--max-size",
+    metavar="SIZE",
+    help="Size budget (500M, 10GiB): with --auto or --save, prune further, oldest first, "
+    "until what kept checkpoints reference fits (heads, labelled ones and milestones stay).",
+)
+@click.option(
+    "--auto",
+    "auto",
+    is_flag=True,
+    help="Run the store's automatic upkeep now: every session by its saved policy, gc, and "
+    "the size budget (it also runs by itself once a day when a store that was written closes).",
+)
+@click.option(
+    "--save",
+    is_flag=True,
+    help="Record the given rules (and --max-size, --every) as the store's automatic upkeep "
+    "policy instead of pruning now; with --off, turn automatic upkeep off.",
+)
+@click.option("--every", metavar="AGE", help="With --save: how often upkeep runs (default 1d).")
+@click.option("--off", is_flag=True, help="With --save: no automatic upkeep for this store.")
 @click.option("--dry-run", is_flag=True, help="Print the plan; change nothing.")
 @json_option
 @pass_ctx
@@ -62,6 +84,11 @@ def prune(
     keep_within: str | None,
     keep_last: int | None,
     keep_labelled: bool,
+    max_size: str | None,
+    auto: bool,
+    save: bool,
+    every: str | None,
+    off: bool,
     dry_run: bool,
 ) -> None:
     """Apply a retention policy: mark old checkpoints pruned, then `gc` frees their space.
@@ -71,11 +98,23 @@ def prune(
     the default is --keep-within 7d --keep-last 100. Pruned records stay in the history (the
     hash chain still verifies) but their state and files can no longer be loaded.
 
+    Retention also runs by itself: once a day, when a store that was written closes, every
+    session is pruned by the store's policy (default: the rules above and a 10 GiB budget),
+    then gc runs. `--save` changes that policy, `--auto` runs it now.
+
     \b
     Example:
       stashpoint prune --keep-within 24h --keep-last 20 --dry-run
       stashpoint prune --all --keep-last 50 && stashpoint gc
+      stashpoint prune --save --keep-within 3d --keep-last 50 --max-size 2GiB
+      stashpoint prune --auto --json
     """
+    if save or auto:
+        _upkeep(ctx, keep_within, keep_last, keep_labelled, max_size, auto, save, every, off,
+                dry_run)  # fmt: skip
+        return
+    if max_size or every or off:
+        raise click.UsageError("--max-size, --every and --off go with --save or --auto")
     from .. import retention
 
     if all_sessions and session_opt:
@@ -130,6 +169,82 @@ def prune(
         click.echo(f"would prune {total} checkpoint(s); nothing changed (--dry-run)")
     else:
         click.echo(f"pruned {total} checkpoint(s); `stashpoint gc` frees what only they used")
+
+
+def _upkeep(
+    ctx: Ctx,
+    keep_within: str | None,
+    keep_last: int | None,
+    keep_labelled: bool,
+    max_size: str | None,
+    auto: bool,
+    save: bool,
+    every: str | None,
+    off: bool,
+    dry_run: bool,
+) -> None:
+    from .. import retention, upkeep
+
+    if save and auto:
+        raise click.UsageError("--save and --auto exclude each other")
+    store = ctx.store()
+    current = upkeep.load(store)
+    if save:
+        if off:
+            chosen = replace(current, enabled=False)
+        else:
+            policy = current.policy
+            if keep_within is not None or keep_last is not None:
+                policy = retention.Policy.of(keep_within, keep_last, keep_labelled)
+            elif not keep_labelled:
+                policy = replace(policy, keep_labelled=False)
+            chosen = upkeep.Upkeep(
+                policy,
+                upkeep.parse_size(max_size) if max_size else current.max_bytes,
+                upkeep.parse_every(every) if every else current.every,
+                True,
+            )
+        if not dry_run:
+            upkeep.save(store, chosen)
+        emit(
+            ctx,
+            {"upkeep": chosen.to_dict(), "saved": not dry_run},
+            f"automatic upkeep: {chosen.describe()}"
+            + (" (not saved: --dry-run)" if dry_run else ""),
+        )
+        return
+    if keep_within is not None or keep_last is not None or max_size or not keep_labelled:
+        policy = current.policy
+        if keep_within is not None or keep_last is not None:
+            policy = retention.Policy.of(keep_within, keep_last, keep_labelled)
+        current = upkeep.Upkeep(
+            policy,
+            upkeep.parse_size(max_size) if max_size else current.max_bytes,
+            current.every,
+            True,
+        )
+    report = upkeep.run(store, current, dry_run=dry_run)
+    data = {"upkeep": current.to_dict(), **report.to_dict()}
+    pruned = sum(report.pruned.values())
+    text = [f"upkeep ({current.describe()}):"]
+    text.append(
+        f"  {'would prune' if dry_run else 'pruned'} {pruned} checkpoint(s)"
+        + (f" in {len(report.pruned)} session(s)" if report.pruned else "")
+    )
+    if not dry_run:
+        text.append(
+            f"  kept checkpoints reference {_size(report.kept_bytes)}; freed "
+            f"{_size(report.freed_bytes)}"
+            + (f"; {report.rounds} budget round(s)" if report.rounds else "")
+            + (
+                f"; {_size(report.pending_bytes)} freed after gc's grace period"
+                if report.pending_bytes
+                else ""
+            )
+        )
+        if report.over_budget:
+            text.append("  still over budget: only heads, labelled checkpoints and milestones left")
+    emit(ctx, data, "\n".join(text))
 
 
 def _describe(p: Plan, ident: str, labels: dict[str, str]) -> str:
@@ -225,6 +340,10 @@ def du(ctx: Ctx) -> None:
     with ByteProgress("du", enabled=not ctx.json) as progress:
         u = usage(store, progress=progress)
     data: dict[str, Any] = u.to_dict()
+    from ..upkeep import format_size, load
+
+    policy = load(store)
+    data["upkeep"] = policy.to_dict()
     if ctx.json:
         emit(ctx, data)
         return
@@ -238,6 +357,10 @@ def du(ctx: Ctx) -> None:
             f"{_size(s['record_bytes'])}, messages {_size(s['message_bytes'])}, "
             f"blobs in use {_size(s['blob_bytes'])}"
         )
+    click.echo(f"\nautomatic upkeep: {policy.describe()}")
+    if policy.enabled and policy.max_bytes:
+        kept = sum(s["blob_bytes"] for s in u.sessions.values())
+        click.echo(f"  budget: {format_size(policy.max_bytes)}; blobs in use {format_size(kept)}")
     g = u.gc
     if "error" in g:
         click.echo(f"\ngc: {g['error']}")
