@@ -114,9 +114,19 @@ class LocalBlobStore:
         path = self._path(digest)
         if path.exists():
             return
-        path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
         header = _MAGIC + bytes([codec]) + size.to_bytes(8, "big")
-        atomic_write(path, header + data, durable=self.durable)
+        self._write(path, header + data)
+
+    def _write(self, path: Path, data: bytes) -> None:
+        """The write protocol of SPEC §5; a full or failing disk is a clear StoreError (the
+        temp file is gone, nothing refers to the path yet: retry once there is space)."""
+        try:
+            path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+            atomic_write(path, data, durable=self.durable)
+        except OSError as exc:
+            raise StoreError(
+                f"cannot write to the blob directory {self.root}: {exc.strerror or exc}"
+            ) from exc
 
     def get(self, digest: bytes) -> tuple[int, int, bytes] | None:
         """(codec, size, data), or None when absent; a malformed file is an IntegrityError."""
@@ -137,13 +147,12 @@ class LocalBlobStore:
     def write_pack(self, name: str, parts: list[bytes]) -> list[tuple[int, int]]:
         """Write ``parts`` into a new pack; returns (offset, length) of each."""
         path = self._pack_path(name)
-        path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
         spans = []
         offset = len(_PACK_MAGIC)
         for part in parts:
             spans.append((offset, len(part)))
             offset += len(part)
-        atomic_write(path, b"".join([_PACK_MAGIC, *parts]), durable=self.durable)
+        self._write(path, b"".join([_PACK_MAGIC, *parts]))
         return spans
 
     def read_packed(self, name: str, offset: int, length: int) -> bytes:

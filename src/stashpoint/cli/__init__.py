@@ -113,5 +113,9 @@ def main(argv: list[str] | None = None) -> None:
         if isinstance(exc, StashpointError):
             click.echo(f"error: {exc}", err=True)
             sys.exit(exc.exit_code)
+        if isinstance(exc, OSError):  # a full disk, a permission: a message, not a traceback
+            where = f" ({exc.filename})" if exc.filename else ""
+            click.echo(f"error: {exc.strerror or exc}{where}", err=True)
+            sys.exit(EXIT_USER)
         raise
     sys.exit(0)

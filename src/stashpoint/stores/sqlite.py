@@ -56,7 +56,9 @@ class SqliteStore(SqlStore):
             self._db.execute("PRAGMA busy_timeout=30000")
             self._migrate()
         except sqlite3.Error as exc:
-            raise StoreError(f"cannot open SQLite store {self.path}: {exc}") from exc
+            raise StoreError(
+                f"cannot open SQLite store {self.path}: {exc}{_full(self.path)}"
+            ) from exc
 
     def _migrate(self) -> None:
         version = self._db.execute("PRAGMA user_version").fetchone()[0]
@@ -105,7 +107,7 @@ class SqliteStore(SqlStore):
                 if isinstance(exc, sqlite3.IntegrityError):
                     raise ConflictError(f"another writer got there first: {exc}") from exc
                 if isinstance(exc, sqlite3.Error):
-                    raise StoreError(f"SQLite write failed: {exc}") from exc
+                    raise StoreError(f"SQLite write failed: {exc}{_full(self.path)}") from exc
                 raise
 
     def commit(self, commit: Commit) -> None:
@@ -153,3 +155,14 @@ class SqliteStore(SqlStore):
     def close(self) -> None:
         with self._lock:
             self._db.close()
+
+
+def _full(path: Path) -> str:
+    """A hint for SQLite's generic I/O errors when the real cause is a full disk."""
+    import shutil
+
+    try:
+        free = shutil.disk_usage(path.parent).free
+    except OSError:
+        return ""
+    return " (the disk holding it is full: free space, then retry)" if free < (1 << 20) else ""
