@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import json
 import warnings
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -48,18 +48,16 @@ from .errors import (
 from .integrity import message_chain
 from .model import Checkpoint, utc_now_iso
 from .stores.base import (
-    EPOCH_MAX_AGE,
-    BlobInfo,
     BlobRow,
     CheckpointRow,
     Commit,
     Fence,
-    LeaseInfo,
     LogAppend,
     LogInfo,
     MessageRow,
     MetadataStore,
 )
+from .stores.forwarding import ForwardingStore
 from .workspace.tree import TreeReader
 
 __all__ = [
@@ -227,17 +225,15 @@ class _Replicator:
             self.log(log)
 
 
-class _MirroredMeta(MetadataStore):
+class _MirroredMeta(ForwardingStore):
     """The primary's metadata store, with writes copied to the mirror after they succeed and
-    reads served by the mirror while the primary is unreachable."""
+    reads served by the mirror while the primary is unreachable. Everything else - leases,
+    blob checks a writer relies on, GC and retention marks - is the primary's own business
+    and passes through; blobs reach the mirror with the checkpoints that reference them."""
 
     def __init__(self, primary: MetadataStore, store: MirroredStore) -> None:
-        self.p = primary
+        super().__init__(primary)
         self.store = store
-        self.url = primary.url
-        self.durability = primary.durability
-        self.defers_commits = primary.defers_commits
-        self.atomic_unlink = primary.atomic_unlink
         self._warned = False
 
     # -- the write path -------------------------------------------------------------------
@@ -247,17 +243,17 @@ class _MirroredMeta(MetadataStore):
             self._behind(self.store.mirror_error or "the mirror could not be opened")
             return
         try:
-            if self.p.get_meta(BEHIND_KEY) is not None:
+            if self.inner.get_meta(BEHIND_KEY) is not None:
                 rep.sync()
-                self.p.set_meta(BEHIND_KEY, None)
+                self.inner.set_meta(BEHIND_KEY, None)
             copy(rep)
         except Exception as exc:
             self._behind(f"{type(exc).__name__}: {exc}")
 
     def _behind(self, error: str) -> None:
-        if self.p.get_meta(BEHIND_KEY) is None:  # keep the first failure's time and reason
+        if self.inner.get_meta(BEHIND_KEY) is None:  # keep the first failure's time and reason
             record = {"mirror": self.store.mirror_url, "since": utc_now_iso(), "error": error}
-            self.p.set_meta(BEHIND_KEY, json.dumps(record))
+            self.inner.set_meta(BEHIND_KEY, json.dumps(record))
         if not self._warned:  # once per store object, in every process
             self._warned = True
             warnings.warn(
@@ -268,7 +264,7 @@ class _MirroredMeta(MetadataStore):
             )
 
     def commit(self, commit: Commit) -> None:
-        self.p.commit(commit)
+        self.inner.commit(commit)
         row = commit.row
 
         def copy(rep: _Replicator) -> None:
@@ -287,40 +283,21 @@ class _MirroredMeta(MetadataStore):
         *,
         fence: Fence | None = None,
     ) -> None:
-        self.p.set_head(session, branch, new, expected, fence=fence)
+        self.inner.set_head(session, branch, new, expected, fence=fence)
         self._then_mirror(lambda rep: rep.heads(session))
 
-    # -- leases belong to the primary: the mirror only follows its writes ------------------
-    def acquire_lease(self, session: str, owner: str, ttl: float) -> LeaseInfo:
-        return self.p.acquire_lease(session, owner, ttl)
-
-    def renew_lease(self, fence: Fence, ttl: float) -> bool:
-        return self.p.renew_lease(fence, ttl)
-
-    def release_lease(self, fence: Fence) -> None:
-        self.p.release_lease(fence)
-
-    def lease_info(self, session: str) -> LeaseInfo | None:
-        return self.p.lease_info(session)
-
-    def read_gc_epoch(self, max_age: float = EPOCH_MAX_AGE) -> str:
-        return self.p.read_gc_epoch(max_age)
-
-    def note_gc_epoch(self, value: str | None) -> None:
-        self.p.note_gc_epoch(value)
-
     def set_label(self, ident: str, session: str, label: str | None) -> None:
-        self.p.set_label(ident, session, label)
+        self.inner.set_label(ident, session, label)
         self._then_mirror(lambda rep: rep.labels(session))
 
     def append_log(self, append: LogAppend) -> None:
-        self.p.append_log(append)
+        self.inner.append_log(append)
         self._then_mirror(lambda rep: rep.log(append.log))
 
     # -- reads: the primary, or the mirror while the primary is unreachable ----------------
     def _read(self, name: str, *args: Any, **kwargs: Any) -> Any:
         try:
-            return getattr(self.p, name)(*args, **kwargs)
+            return getattr(self.inner, name)(*args, **kwargs)
         except StoreError as exc:
             mirror = self.store.mirror
             if mirror is None:
@@ -375,84 +352,6 @@ class _MirroredMeta(MetadataStore):
     def get_meta(self, key: str) -> str | None:
         value: str | None = self._read("get_meta", key)
         return value
-
-    # -- everything else is the primary's own business ------------------------------------
-    def set_meta(self, key: str, value: str | None) -> None:
-        self.p.set_meta(key, value)
-
-    def has_blobs(self, digests: Iterable[bytes]) -> set[bytes]:
-        return self.p.has_blobs(digests)  # a writer relies on these: the primary's only
-
-    def put_blobs(self, blobs: Sequence[BlobRow]) -> None:
-        self.p.put_blobs(blobs)  # copied with the checkpoint that references them
-
-    def iter_blob_digests(self) -> Iterator[bytes]:
-        return self.p.iter_blob_digests()
-
-    def iter_logs(self) -> Iterator[tuple[str, LogInfo]]:
-        return self.p.iter_logs()
-
-    def iter_checkpoints(self) -> Iterator[CheckpointRow]:
-        return self.p.iter_checkpoints()
-
-    def iter_meta(self, prefix: str) -> Iterator[tuple[str, str]]:
-        return self.p.iter_meta(prefix)
-
-    def iter_blob_info(self) -> Iterator[BlobInfo]:
-        return self.p.iter_blob_info()
-
-    def log_sizes(self) -> dict[str, tuple[int, int]]:
-        return self.p.log_sizes()
-
-    def mark_pruned(self, session: str, ids: Sequence[str], at: str) -> list[str]:
-        return self.p.mark_pruned(session, ids, at)
-
-    def pruned(self, session: str) -> dict[str, str]:
-        return self.p.pruned(session)
-
-    def condemn(self, digests: Sequence[bytes], at: float, epoch: str | None = None) -> None:
-        self.p.condemn(digests, at, epoch)
-
-    def condemned(self) -> dict[bytes, float]:
-        return self.p.condemned()
-
-    def condemned_among(self, digests: Iterable[bytes]) -> set[bytes]:
-        return self.p.condemned_among(digests)
-
-    def revive(self, digests: Sequence[bytes]) -> set[bytes]:
-        return self.p.revive(digests)
-
-    def sweep_blobs(
-        self,
-        digests: Sequence[bytes],
-        before: float,
-        unlink: Callable[[list[bytes]], None] | None = None,
-    ) -> list[bytes]:
-        return self.p.sweep_blobs(digests, before, unlink)
-
-    def delete_logs(self, logs: Sequence[str]) -> None:
-        self.p.delete_logs(logs)
-
-    def repoint_blobs(self, changes: Sequence[tuple[bytes, bytes, bytes]]) -> int:
-        return self.p.repoint_blobs(changes)
-
-    def flush(self) -> None:
-        self.p.flush()  # the mirror's copies are committed durably as they are made
-
-    def vacuum(self) -> None:
-        self.p.vacuum()
-
-    def begin_write(self) -> None:
-        self.p.begin_write()
-
-    def end_write(self) -> None:
-        self.p.end_write()
-
-    def writers_in_flight(self) -> int:
-        return self.p.writers_in_flight()
-
-    def close(self) -> None:
-        self.p.close()
 
 
 class _FallbackBlobs(Blobs):
