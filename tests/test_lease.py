@@ -171,3 +171,53 @@ def test_async_api_takes_and_releases_a_lease(tmp_path: Path) -> None:
             return again.token
 
     assert asyncio.run(main()) == 2
+
+
+def test_no_durable_step_runs_outside_anothers_lease(url: str) -> None:
+    """A process without the lease must not run a step body (a side effect) while another
+    worker holds it, nor replace the run record, nor label: refused before anything runs."""
+    ran: list[str] = []
+    with (
+        stashpoint.open(url) as store_b,
+        stashpoint.open(url) as store_x,
+        store_b.session("job", lease=30.0) as run_b,
+    ):
+        run_b.checkpoint({"n": 0})
+        stray = store_x.session("job")
+
+        @stray.step
+        def send(to: str) -> str:
+            ran.append(to)
+            return f"sent {to}"
+
+        def program() -> str:
+            return send("ceo@example.com")
+
+        with pytest.raises(LeaseHeld):
+            stray.run(program)
+        assert ran == []
+        with pytest.raises(LeaseHeld):
+            stray.label("HEAD", "mine")
+        assert not [k for k, _v in store_b.meta.iter_meta("run:job:")]
+
+
+def test_leases_in_one_process_exclude_each_other_and_forks_hold_none(tmp_path: Path) -> None:
+    with stashpoint.open(tmp_path / "s") as store:
+        first = store.lease("job", ttl=30)
+        with pytest.raises(LeaseHeld):
+            store.lease("job", ttl=30)  # another thread or request of this process
+        pid = os.fork()
+        if pid == 0:  # the child: the parent's lease is not its own
+            code = 0
+            try:
+                first.check()
+                code = 1
+            except LeaseLost:
+                first.release()  # must not free the parent's session
+            os._exit(code)
+        _pid, status = os.waitpid(pid, 0)
+        assert os.waitstatus_to_exitcode(status) == 0
+        info = store.meta.lease_info("job")
+        assert info is not None and info.expires_in > 0 and info.token == first.token
+        first.check()
+        first.release()

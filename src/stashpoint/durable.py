@@ -356,6 +356,7 @@ class Journal:
             "cwd": cwd if cwd is not None else os.getcwd(),
             "started": utc_now_iso(),
         }
+        self.session.check_may_write()
         self.session.store.meta.set_meta(self.key, json.dumps(self.record))
 
     def ref(self) -> LogRef | None:
@@ -604,6 +605,7 @@ class Durable:
 
     # -- run lifecycle ----------------------------------------------------------------------
     def begin(self, *, fresh: bool = False) -> Journal:
+        self.session.check_may_write()  # before any step body: side effects need the lease
         j = Journal(self.session, fresh=fresh)
         head = self.session.head
         mine = self.session.config_hash

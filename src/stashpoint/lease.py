@@ -16,6 +16,8 @@ import random
 import socket
 import threading
 import time
+import uuid
+import weakref
 from typing import TYPE_CHECKING
 
 from .errors import LeaseHeld, LeaseLost, StoreError, UsageError
@@ -30,8 +32,11 @@ DEFAULT_TTL = 30.0
 
 
 def default_owner() -> str:
-    """``host:pid``: what an operator needs to find the worker that holds a session."""
-    return f"{socket.gethostname()}:{os.getpid()}"
+    """``host:pid:nonce``: what an operator needs to find the worker that holds a session.
+    The nonce makes each acquisition its own owner, so two leases taken in one process (two
+    threads, a web server) or by two containers with the same host name and pid exclude each
+    other instead of sharing one token."""
+    return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
 
 
 class Lease:
@@ -50,6 +55,7 @@ class Lease:
         self._stop = threading.Event()
         self._renewed = time.monotonic()
         self._thread: threading.Thread | None = None
+        _LIVE.add(self)
         if renew:
             self._thread = threading.Thread(
                 target=self._renew_loop, name=f"stashpoint-lease-{self.session}", daemon=True
@@ -135,3 +141,21 @@ def acquire(
                 raise
             pause = min(left, max(0.01, exc.expires_in), 1.0) * random.uniform(0.5, 1.0)
             time.sleep(pause)
+
+
+_LIVE: weakref.WeakSet[Lease] = weakref.WeakSet()
+
+
+def _forget_in_child() -> None:
+    """A forked child does not hold its parent's leases: its writes would carry the parent's
+    token and its release would free the parent's session. It has to take its own."""
+    for lease in list(_LIVE):
+        lease._lost = (
+            f"the lease on session {lease.session!r} belongs to the parent process (pid "
+            f"{os.getppid()}); a forked child takes its own"
+        )
+        lease._thread = None
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_in_child)

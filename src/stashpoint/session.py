@@ -45,7 +45,7 @@ from .lease import acquire as acquire_lease
 from .model import KINDS, Checkpoint, ConversationRef, LogRef, StateRef, WorkspaceRef, utc_now_iso
 from .redact import Redactor, make_redactor
 from .retention import check_not_pruned
-from .stores.base import BlobRow, CheckpointRow, Commit, Fence, LogAppend, LogInfo
+from .stores.base import BlobRow, CheckpointRow, Commit, Fence, LogAppend, LogInfo, lease_held
 from .workspace import Change, RestoreStats, Workspace, check_root
 from .workspace.restore import RestoreBlocked
 
@@ -280,6 +280,19 @@ class Session:
             return None
         self.lease.check()
         return self.lease.fence
+
+    def check_may_write(self) -> None:
+        """Refuse to start work the store would refuse to record: with a lease, one that was
+        lost (:class:`LeaseLost`); without one, while another worker holds a live lease on the
+        session (:class:`LeaseHeld`). Called before a durable run starts (so no step body or
+        side effect runs outside the lease) and before writes the store does not fence
+        itself (labels, run records)."""
+        if self.lease is not None:
+            self.lease.check()
+            return
+        info = self.store.meta.lease_info(self.name)
+        if info is not None and info.expires_in > 0:
+            raise lease_held(self.name, info.owner, info.expires_in)
 
     def close(self) -> None:
         """Release the lease this session took (if any); the session is unusable for writes
@@ -753,6 +766,7 @@ class Session:
 
     def label(self, ref: str, label: str | None) -> Checkpoint:
         cp = self.get(ref)
+        self.check_may_write()
         self.store.meta.set_label(cp.id, self.name, label)
         return cp
 
