@@ -248,3 +248,37 @@ def test_a_damaged_redo_record_is_set_aside_never_applied(tmp_path: Path) -> Non
         assert verify_store(store).ok
     assert not (tmp_path / "escape.txt").exists() and not (root.parent / "escape.txt").exists()
     assert (root / "txn.json.damaged").exists() and not (root / "txn.json").exists()
+
+
+def test_forked_writers_of_one_opened_store_still_exclude_each_other(tmp_path: Path) -> None:
+    """A FileStore opened before fork(): each child must take the cross-process lock itself
+    (a descriptor shared with the parent would make every child's flock the same lock)."""
+    import json
+    import os
+
+    from stashpoint.errors import ConflictError
+    from stashpoint.stores.files import FileStore
+
+    fs = FileStore(tmp_path / "fs")
+    fs.set_head("s", "main", "H0", None)
+    kids = []
+    for k in range(3):
+        pid = os.fork()
+        if pid == 0:
+            wins = []
+            for i in range(60):
+                cur = fs.get_head("s", "main")
+                try:
+                    fs.set_head("s", "main", f"H{k}x{i}", cur)
+                    wins.append(cur)
+                except ConflictError:
+                    pass
+            (tmp_path / f"wins.{k}").write_text(json.dumps(wins))
+            os._exit(0)
+        kids.append(pid)
+    for pid in kids:
+        _pid, status = os.waitpid(pid, 0)
+        assert os.waitstatus_to_exitcode(status) == 0
+    wins = [w for k in range(3) for w in json.loads((tmp_path / f"wins.{k}").read_text())]
+    assert wins and len(wins) == len(set(wins)), "two writers moved the head from one value"
+    fs.close()

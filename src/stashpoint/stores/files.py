@@ -41,6 +41,7 @@ import threading
 import time
 import urllib.parse
 import warnings
+import weakref
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -103,6 +104,7 @@ class FileStore(MetadataStore):
         )
         self._tlock = threading.RLock()
         self._depth = 0
+        _OPEN.add(self)
         self._where: dict[str, Path] = {}  # checkpoint id -> its document (ids are immutable)
         try:
             self.root.mkdir(mode=0o700, parents=True, exist_ok=True)
@@ -127,12 +129,23 @@ class FileStore(MetadataStore):
     # -- files ----------------------------------------------------------------------------
     @contextmanager
     def _locked(self) -> Iterator[None]:
-        """One writer at a time: a thread lock here, an ``flock`` across processes."""
+        """One writer at a time: a thread lock here, an ``flock`` across processes.
+
+        The flock is taken on a descriptor opened for this hold and closed after it: a
+        descriptor kept open would be shared by a forked child, whose flock would then be the
+        parent's own lock and exclude nothing."""
         with self._tlock:
             if self._fd is None:
                 raise StoreError(f"file store {self.root} is closed")
+            held = None
             if self._depth == 0:
-                fcntl.flock(self._fd, fcntl.LOCK_EX)
+                try:
+                    held = os.open(self.root / "lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+                    fcntl.flock(held, fcntl.LOCK_EX)
+                except OSError as exc:
+                    if held is not None:
+                        os.close(held)
+                    raise StoreError(f"cannot lock file store {self.root}: {exc.strerror}") from exc
             self._depth += 1
             try:
                 if self._depth == 1:
@@ -140,8 +153,8 @@ class FileStore(MetadataStore):
                 yield
             finally:
                 self._depth -= 1
-                if self._depth == 0:
-                    fcntl.flock(self._fd, fcntl.LOCK_UN)
+                if held is not None:
+                    os.close(held)  # releases the flock
 
     def _read(self, rel: str | Path) -> bytes | None:
         try:
@@ -794,3 +807,17 @@ class FileStore(MetadataStore):
             if self._fd is not None:
                 os.close(self._fd)
                 self._fd = None
+
+
+_OPEN: weakref.WeakSet[FileStore] = weakref.WeakSet()
+
+
+def _reset_in_child() -> None:
+    """A forked child holds none of its parent's locks, whatever the parent was doing."""
+    for store in list(_OPEN):
+        store._tlock = threading.RLock()
+        store._depth = 0
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_reset_in_child)
