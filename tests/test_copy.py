@@ -107,6 +107,8 @@ def test_one_session_and_human_output(sp: Any, tmp_path: Path) -> None:
     assert missing.code == 1 and "no checkpoints" in missing.err
     nowhere = sp("copy", "--from", str(tmp_path / "absent"), "--to", str(dest), check=False)
     assert nowhere.code == 1 and not (tmp_path / "absent").exists()
+    typo = sp("copy", "--from", f"file://{tmp_path / 'abs'}", "--to", str(dest), check=False)
+    assert typo.code == 1 and "no store at" in typo.err and not (tmp_path / "abs").exists()
 
 
 def test_conflicting_id_is_refused_and_nothing_is_lost(sp: Any, tmp_path: Path) -> None:

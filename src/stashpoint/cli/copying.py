@@ -16,8 +16,12 @@ pass_ctx = click.make_pass_decorator(Ctx)
 
 def _existing(url: str) -> str:
     """A source that is a path must exist: opening it would create an empty store."""
-    path = url[len("sqlite://") :] if url.startswith("sqlite://") else url
-    if "://" not in path and not Path(path.split("?", 1)[0]).expanduser().exists():
+    path = url
+    for scheme in ("sqlite://", "file://"):
+        if url.startswith(scheme):
+            path = url[len(scheme) :]
+    path = path.split("?", 1)[0]
+    if "://" not in path and not Path(path).expanduser().exists():
         raise click.UsageError(f"no store at {url}")
     return url
 
