@@ -10,6 +10,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -282,3 +283,45 @@ def test_forked_writers_of_one_opened_store_still_exclude_each_other(tmp_path: P
     wins = [w for k in range(3) for w in json.loads((tmp_path / f"wins.{k}").read_text())]
     assert wins and len(wins) == len(set(wins)), "two writers moved the head from one value"
     fs.close()
+
+
+def test_a_commit_that_fails_for_lack_of_space_is_not_applied_later(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """ENOSPC while writing one of a commit's files (here the heads file): the commit must be
+    all-or-nothing as reported - not completed later from its redo record by the next writer,
+    which would turn a reported failure into a checkpoint the caller may write again."""
+    import errno
+    import os
+
+    from stashpoint.errors import StoreError
+
+    store = stashpoint.open(f"file://{tmp_path / 'fs'}")
+    run = store.session("job")
+    first = run.checkpoint({"i": 1})
+    real_open, real_write = os.open, os.write
+    names: dict[int, str] = {}
+
+    def tracking_open(path: Any, flags: int, mode: int = 0o777, **kw: Any) -> int:
+        fd = real_open(path, flags, mode, **kw)
+        names[fd] = os.fspath(path)
+        return fd
+
+    def full_write(fd: int, data: Any) -> int:
+        if "heads.json" in names.get(fd, "") and "stashpoint-tmp" in names.get(fd, ""):
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real_write(fd, data)
+
+    monkeypatch.setattr(os, "open", tracking_open)
+    monkeypatch.setattr(os, "write", full_write)
+    with pytest.raises(StoreError, match="No space left"):
+        run.checkpoint({"i": 2})
+    monkeypatch.undo()
+    assert not (tmp_path / "fs" / "txn.json").exists()
+    store.meta.set_label(first.id, "job", "kept")  # any later write runs recovery first
+    assert store.meta.get_head("job", "main") == first.id
+    assert [c.id for c in run.history()] == [first.id]
+    assert not [p for p in (tmp_path / "fs").rglob("*") if "stashpoint-tmp" in p.name]
+    again = run.checkpoint({"i": 2})  # the retry is the one and only second checkpoint
+    assert again.parent == first.id
+    store.close()

@@ -93,6 +93,10 @@ def _pretty(obj: Any) -> bytes:
     return msgspec.json.format(_plain.encode(obj), indent=2) + b"\n"
 
 
+class _NotApplied(StoreError):
+    """A write failed before it replaced any file: the store is as it was."""
+
+
 class FileStore(MetadataStore):
     """Metadata in plain files under one directory; see the module docstring for the layout."""
 
@@ -177,10 +181,33 @@ class FileStore(MetadataStore):
         self._put_files({self.root / rel: data})
 
     def _put_files(self, files: Mapping[Path, bytes | None]) -> None:
-        """Write (None: delete) files by the protocol of SPEC §5, with the directory fsyncs
-        batched: every file is fsynced and renamed, then each directory touched is fsynced
-        once (a checkpoint touches three; one fsync each instead of one per file)."""
+        """Write (None: delete) files by the protocol of SPEC §5, in two phases: every new
+        content is first written to a temp file and fsynced (where a full disk or an I/O
+        error strikes, :class:`_NotApplied`: nothing was replaced, the temps are gone), then
+        all are renamed into place and each directory touched is fsynced once."""
+        staged: list[tuple[Path, Path]] = []
         dirs: set[Path] = set()
+        try:
+            for path, data in files.items():
+                if data is None:
+                    continue
+                if not path.parent.is_dir():
+                    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+                    dirs.add(path.parent.parent)  # its new entry must reach the disk too
+                tmp = path.parent / f"{TMP_MARK}{path.name}.{os.getpid()}"
+                fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+                staged.append((tmp, path))
+                try:
+                    view = memoryview(data)
+                    while view:
+                        view = view[os.write(fd, view) :]
+                    os.fsync(fd)  # a failed fsync fails the write: never retried into success
+                finally:
+                    os.close(fd)
+        except OSError as exc:
+            for tmp, _path in staged:
+                tmp.unlink(missing_ok=True)
+            raise _NotApplied(f"cannot write to file store {self.root}: {exc}") from exc
         try:
             for path, data in files.items():
                 if data is None:
@@ -189,35 +216,30 @@ class FileStore(MetadataStore):
                         dirs.add(path.parent)
                     except FileNotFoundError:
                         pass
-                    continue
-                if not path.parent.is_dir():
-                    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-                    dirs.add(path.parent.parent)
-                tmp = path.parent / f"{TMP_MARK}{path.name}.{os.getpid()}"
-                fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
-                try:
-                    view = memoryview(data)
-                    while view:
-                        view = view[os.write(fd, view) :]
-                    os.fsync(fd)  # a failed fsync fails the write: never retried into success
-                except BaseException:
-                    os.close(fd)
-                    tmp.unlink(missing_ok=True)
-                    raise
-                os.close(fd)
+            for tmp, path in staged:
                 os.replace(tmp, path)
                 dirs.add(path.parent)
             for d in sorted(dirs, key=lambda p: -len(p.parts)):
-                fsync_dir(d)
+                if d.is_relative_to(self.root):
+                    fsync_dir(d)
         except OSError as exc:
             raise StoreError(f"cannot write to file store {self.root}: {exc}") from exc
 
     def _apply(self, writes: dict[str, bytes | None]) -> None:
-        """Write (or with None delete) several files all-or-nothing, through ``txn.json``."""
+        """Write (or with None delete) several files all-or-nothing, through ``txn.json``.
+
+        Failing before any file was replaced (a full disk, the usual case) rolls back: the
+        redo record is removed and nothing changed. Only a failure after some renames (very
+        rare: renames need no space) leaves the record, and the next writer completes it."""
         if len(writes) > 1:
             record = {k: None if v is None else v.decode() for k, v in writes.items()}
             self._write("txn.json", _plain.encode(record))
-        self._replay(writes)
+        try:
+            self._replay(writes)
+        except _NotApplied:
+            if len(writes) > 1:
+                self._unlink("txn.json")
+            raise
         if len(writes) > 1:
             self._unlink("txn.json")
 
