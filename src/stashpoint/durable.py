@@ -54,6 +54,7 @@ from ._ids import new_id
 from .errors import (
     ConflictError,
     IntegrityError,
+    LeaseHeld,
     LeaseLost,
     NotFoundError,
     StashpointError,
@@ -396,9 +397,10 @@ class Journal:
                     [(bytes.fromhex(chain), data)],
                     self.new,
                     fence=self.session.fence,
+                    session=self.session.name,
                 )
             )
-        except LeaseLost:
+        except (LeaseLost, LeaseHeld):
             raise
         except ConflictError:
             raise ConflictError(

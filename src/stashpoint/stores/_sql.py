@@ -206,8 +206,8 @@ class SqlStore(MetadataStore):
 
     def _append(self, cur: Any, a: LogAppend) -> None:
         """Create the log if new, check its tip (compare-and-set), insert the entries."""
-        if a.fence is not None:
-            self._check_fence(cur, a.fence, a.fence.session)
+        if a.fence is not None or a.session is not None:
+            self._check_fence(cur, a.fence, a.fence.session if a.fence else str(a.session))
         if a.new is not None:
             cur.execute(
                 self.sql(

@@ -114,6 +114,9 @@ class LogAppend:
     """Set when the log is created by this commit."""
     fence: Fence | None = None
     """When set, the append is refused with :class:`LeaseLost` unless the lease still holds."""
+    session: str | None = None
+    """For an append without a fence: refused with :class:`LeaseHeld` while another worker
+    holds a live lease on this session (a durable run's journal names its session)."""
 
 
 @dataclass(frozen=True)

@@ -467,8 +467,7 @@ class FileStore(MetadataStore):
 
     def append_log(self, append: LogAppend) -> None:
         with self._locked():
-            if append.fence is not None:
-                self._check_fence(append.fence, None)
+            self._check_fence(append.fence, append.session)
             info = self._check_append(append)
             self._apply(self._append_writes(append, info))
 

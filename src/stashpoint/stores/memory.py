@@ -86,7 +86,7 @@ class MemoryStore(MetadataStore):
 
     def append_log(self, append: LogAppend) -> None:
         with self._lock:
-            self._check_fence(append.fence, None)
+            self._check_fence(append.fence, append.session)
             self._apply_append(append, self._check_append(append))
 
     def _check_append(self, a: LogAppend) -> LogInfo:

@@ -105,12 +105,22 @@ end
 return 'ok'
 """
 
-# ARGV: prefix, log, start, new_log(0/1), session, log_parent, log_parent_len, lease key,
-#       lease token, then entries.
+# ARGV: prefix, log, start, new_log(0/1), session, log_parent, log_parent_len, lease key
+#       ('' = no lease check), lease token ('' = unfenced: refused while the lease is live),
+#       then entries.
 _APPEND = """
 local p, log, start, newlog = ARGV[1], ARGV[2], tonumber(ARGV[3]), ARGV[4]
-if ARGV[8] ~= '' and redis.call('HGET', ARGV[8], 'token') ~= ARGV[9] then
-  return 'lease:' .. tostring(redis.call('HGET', ARGV[8], 'token'))
+if ARGV[8] ~= '' and ARGV[9] ~= '' then
+  if redis.call('HGET', ARGV[8], 'token') ~= ARGV[9] then
+    return 'lease:' .. tostring(redis.call('HGET', ARGV[8], 'token'))
+  end
+elseif ARGV[8] ~= '' then
+  local h = redis.call('HMGET', ARGV[8], 'owner', 'expires')
+  if h[1] then
+    local t = redis.call('TIME')
+    local left = tonumber(h[2]) - (tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000))
+    if left > 0 then return 'held:' .. h[1] .. ':' .. tostring(left) end
+  end
 end
 if newlog == '1' then
   if redis.call('EXISTS', p .. 'log:' .. log) == 1 then return 'conflict:log' end
@@ -355,11 +365,11 @@ class RedisStore(MetadataStore):
                 new.session if new is not None else "",
                 (new.parent or "") if new is not None else "",
                 new.parent_len if new is not None else 0,
-                *self._fence_args(a.fence),
+                *self._fence_args(a.fence, a.session),
                 *(chain + data for chain, data in a.messages),
             ],
         )
-        self._raise_if_fenced(result, a.fence)
+        self._raise_if_fenced(result, a.fence, a.session or "")
         if result != b"ok":
             raise ConflictError(
                 f"append to log {a.log} lost a race ({result.decode()}); another writer appended"
@@ -476,9 +486,13 @@ class RedisStore(MetadataStore):
             )
 
     # -- leases (clock: the Redis server's TIME) --------------------------------------------
-    def _fence_args(self, fence: Fence | None) -> tuple[bytes | str, str]:
+    def _fence_args(
+        self, fence: Fence | None, unfenced: str | None = None
+    ) -> tuple[bytes | str, str]:
+        """(lease key, token); without a fence, the key of the session an unfenced write must
+        not race a live lease on (``unfenced``), or nothing to check."""
         if fence is None:
-            return "", ""
+            return (self._k("lease:", unfenced), "") if unfenced else ("", "")
         return self._k("lease:", fence.session), str(fence.token)
 
     def _token(self, session: str) -> int | None:

@@ -399,6 +399,20 @@ class MetadataStoreConformance:
         again = ms.acquire_lease("s", "worker-b", 30)
         assert again.token == got.token + 1  # tokens never repeat, also after a release
 
+    def test_unfenced_appends_wait_for_the_lease(self, ms: MetadataStore) -> None:
+        """A durable run's journal append names its session: without the lease's token it
+        is refused while another worker holds a live lease (it may have started before)."""
+        ms.append_log(
+            LogAppend("L1", 0, [(b"\0" * 32, b"a")], LogInfo("s", None, 0, 0), session="s")
+        )
+        got = ms.acquire_lease("s", "worker-b", 30)
+        with pytest.raises(LeaseHeld, match="worker-b"):
+            ms.append_log(LogAppend("L1", 1, [(b"\1" * 32, b"b")], session="s"))
+        fence = Fence("s", got.token)
+        ms.append_log(LogAppend("L1", 1, [(b"\1" * 32, b"b")], fence=fence, session="s"))
+        ms.append_log(LogAppend("L2", 0, [(b"\2" * 32, b"c")], LogInfo("t", None, 0, 0)))
+        assert [r.data for r in ms.read_messages("L1", 0, 5)] == [b"a", b"b"]
+
     def test_artifact_chunks_as_rows(self, ms: MetadataStore, tmp_path: Path) -> None:
         """Artifacts (SPEC C25) on a store without a blob directory: every content-defined
         chunk is a blob row of this backend; an insertion re-stores about one chunk."""
