@@ -130,3 +130,24 @@ def test_corrupt_blob_fails_restore_cleanly(tmp_path: Path, store: stashpoint.St
         stashpoint.open(store.home).session("s", workspace=ws).rewind(cp.id)
     assert (ws / "f.txt").read_text() == "newer work"
     assert [p.name for p in ws.iterdir()] == ["f.txt"], "no temp files left behind"
+
+
+def test_a_racy_file_is_re_read_but_not_stored_again(
+    tmp_path: Path, store: stashpoint.Store
+) -> None:
+    """A file written moments before a snapshot is "racy" (its stat could hide an edit made
+    in the same timestamp tick), so the next snapshot reads it again. Content that still
+    hashes to the cached digest is already stored: nothing is queued, compressed or sent."""
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    (ws / "notes.txt").write_text("just written\n")
+    run = store.session("s", workspace=ws)
+    first = run.checkpoint()
+    assert run.workspace is not None
+    result, pending = run.workspace.scan()
+    assert result.read_files == 1  # re-read: its cache entry was racy
+    assert pending == []  # same content: nothing to store
+    assert result.tree.hex() == first.workspace.tree  # type: ignore[union-attr]
+    (ws / "notes.txt").write_text("edited again\n")  # same size or not, a change is stored
+    result, pending = run.workspace.scan()
+    assert result.read_files == 1 and len(pending) >= 2  # the new content and its tree

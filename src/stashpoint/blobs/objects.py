@@ -322,11 +322,20 @@ class BlobWriter:
             self.flush()
         return digest
 
-    def add_file(self, fd: int, size_hint: int) -> tuple[bytes, int]:
-        """Store an open file's content; returns (digest, size). Chunked when large."""
+    def add_file(self, fd: int, size_hint: int, known: bytes | None = None) -> tuple[bytes, int]:
+        """Store an open file's content; returns (digest, size). Chunked when large.
+
+        ``known``: the digest the stat cache had for this file, whose blob is committed (a
+        "racy" file re-read only because its stat could hide an edit): when the content
+        still hashes to it, nothing is queued, compressed or sent again."""
         if size_hint <= CHUNK_SIZE:
             data = _read_all(fd, size_hint)
             if len(data) <= CHUNK_SIZE:
+                if known is not None:
+                    digest = hashlib.sha256(data).digest()
+                    if digest == known:
+                        return digest, len(data)
+                    return self.add(data, digest), len(data)
                 return self.add(data), len(data)
             first = [data]
         else:

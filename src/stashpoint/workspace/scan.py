@@ -217,7 +217,8 @@ class Scanner:
                     found.append(hit)
                     nbytes += hit[0]
                 else:
-                    digest, size = self._read_file(e.path, crel, st)
+                    had = hit[5] if hit is not None and hit[0] == st.st_size else None
+                    digest, size = self._read_file(e.path, crel, st, had)
                     names.append(name)
                     found.append(TreeEntry(name, "f", mode & 0o7777, size, digest))
                     nbytes += size
@@ -252,7 +253,7 @@ class Scanner:
             v if isinstance(v, TreeEntry) else TreeEntry(n, "f", v[4] & 0o7777, v[0], v[5])
             for n, v in zip(names, found, strict=True)
         ]
-        digest = self._store_tree(entries)
+        digest = self._store_tree(entries, cached[4] if cached is not None else None)
         if dst.st_mtime_ns < self._racy_after:
             self.new.trees[rel] = (*dkey, digest, nfiles, nbytes)
         else:
@@ -261,12 +262,14 @@ class Scanner:
             self.new.trees[rel] = (-1, -1, -1, ctx.signature, digest, nfiles, nbytes)
         return digest, nfiles, nbytes, cached is None or cached[4] != digest
 
-    def _store_tree(self, entries: list[TreeEntry]) -> bytes:
-        """Encode one directory's tree object, queue it for storing, return its digest."""
+    def _store_tree(self, entries: list[TreeEntry], had: bytes | None = None) -> bytes:
+        """Encode one directory's tree object, queue it for storing, return its digest
+        (``had``: the digest the cache had for this directory, stored already)."""
         entries.sort(key=_by_name)
         data = encode_tree(entries)
         digest = hashlib.sha256(data).digest()
-        self.writer.add(data, digest)
+        if digest != had:
+            self.writer.add(data, digest)
         self._reader.prime(digest, entries)
         return digest
 
@@ -304,12 +307,15 @@ class Scanner:
         if not changed:
             self.new.trees[rel] = cached
             return cached[4], nfiles, nbytes, False
-        digest = self._store_tree(out)
+        digest = self._store_tree(out, cached[4])
         self.new.trees[rel] = (*cached[:4], digest, nfiles, nbytes)
         return digest, nfiles, nbytes, True
 
-    def _read_file(self, path: bytes, rel: bytes, st: os.stat_result) -> tuple[bytes, int]:
-        """Read, hash and store a file the stat cache could not vouch for."""
+    def _read_file(
+        self, path: bytes, rel: bytes, st: os.stat_result, known: bytes | None = None
+    ) -> tuple[bytes, int]:
+        """Read, hash and store a file the stat cache could not vouch for (``known``: the
+        digest it had cached, stored already: unchanged content is not stored again)."""
         before = st  # the lstat from the directory listing: one syscall fewer per file
         for _ in range(_MAX_RETRIES):
             try:  # O_NOFOLLOW: a file swapped for a link under us fails instead of being followed
@@ -317,7 +323,7 @@ class Scanner:
             except PermissionError:  # O_NOATIME on a file we do not own
                 fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
             try:
-                digest, size = self.writer.add_file(fd, before.st_size)
+                digest, size = self.writer.add_file(fd, before.st_size, known)
                 after = os.fstat(fd)
             finally:
                 os.close(fd)
