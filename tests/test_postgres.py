@@ -102,3 +102,15 @@ class TestPostgresEngine(EngineConformance):
     @pytest.fixture
     def store_url(self, pg_url: str) -> str:
         return pg_url
+
+
+def test_libpq_options_with_spaces_survive_the_url(pg_url: str) -> None:
+    """Several ``-c`` settings in ``options`` are separated by spaces; stashpoint takes its own
+    parameters out of the query and must hand the rest to libpq as %20, not "+"."""
+    import stashpoint
+
+    url = pg_url + "%20-cstatement_timeout%3D4321&pool_max=2"
+    with stashpoint.open(url) as store:
+        rows = store.meta._read("SHOW statement_timeout")  # type: ignore[attr-defined]
+        assert rows[0][0] == "4321ms"
+        store.session("s").checkpoint({"ok": True})

@@ -24,7 +24,7 @@ import threading
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
-from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+from urllib.parse import parse_qsl, quote, urlencode, urlsplit, urlunsplit
 
 from ..errors import ConflictError, LeaseHeld, LeaseLost, SchemaVersionError, StoreError, UsageError
 from ._sql import TABLES, TABLES_V2, TABLES_V3, SqlStore
@@ -386,4 +386,5 @@ def _split_url(url: str) -> tuple[str, dict[str, str]]:
     query = parse_qsl(parts.query, keep_blank_values=True)
     ours = {k: v for k, v in query if k in _OUR_PARAMS}
     rest = [(k, v) for k, v in query if k not in _OUR_PARAMS]
-    return urlunsplit(parts._replace(query=urlencode(rest))), ours
+    # quote, not quote_plus: libpq decodes %20 but takes "+" literally ("-c a=1 -c b=2")
+    return urlunsplit(parts._replace(query=urlencode(rest, quote_via=quote))), ours
