@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
-__all__ = ["TMP_MARK", "atomic_write", "fsync_dir"]
+__all__ = ["TMP_MARK", "atomic_file", "atomic_write", "fsync_dir"]
 
 TMP_MARK = ".stashpoint-tmp-"
 """Every temporary file stashpoint creates has this in its name, so leftovers can be found."""
@@ -19,18 +21,18 @@ def fsync_dir(path: str | os.PathLike[str]) -> None:
         os.close(fd)
 
 
-def atomic_write(path: Path, data: bytes, *, mode: int = 0o600, durable: bool = True) -> None:
-    """Write ``data`` to ``path`` so that a crash leaves either the old file or the new one.
+@contextmanager
+def atomic_file(path: Path, *, mode: int = 0o600, durable: bool = True) -> Iterator[int]:
+    """A descriptor to write ``path``'s new content to, so that a crash leaves either the old
+    file or the new one: a temp file beside it, fsynced, renamed over it, directory fsynced.
+    On an error the temp file is removed and ``path`` is left as it was.
 
     A failed fsync raises: it is never retried into a false success.
     """
     tmp = path.parent / f"{TMP_MARK}{path.name}.{os.getpid()}"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, mode)
     try:
-        view = memoryview(data)
-        while view:
-            n = os.write(fd, view)
-            view = view[n:]
+        yield fd
         if durable:
             os.fsync(fd)
     except BaseException:
@@ -44,6 +46,14 @@ def atomic_write(path: Path, data: bytes, *, mode: int = 0o600, durable: bool = 
     os.replace(tmp, path)
     if durable:
         fsync_dir(path.parent)
+
+
+def atomic_write(path: Path, data: bytes, *, mode: int = 0o600, durable: bool = True) -> None:
+    """Write ``data`` to ``path`` by :func:`atomic_file`'s protocol."""
+    with atomic_file(path, mode=mode, durable=durable) as fd:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view) :]
 
 
 def sweep_temp_files(

@@ -33,7 +33,7 @@ from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ._fsutil import TMP_MARK, fsync_dir, sweep_temp_files
+from ._fsutil import atomic_file, sweep_temp_files
 from .errors import StoreError, UsageError
 from .model import ArtifactRef
 from .stores.base import BlobRow
@@ -194,10 +194,8 @@ def restore_artifact(
     directory fsync); returns the bytes written. A damaged store raises IntegrityError and
     leaves ``target`` as it was. A symlink at ``target`` is replaced, never followed."""
     target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = target.parent / f"{TMP_MARK}{target.name}.{os.getpid()}"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
     total = 0
-    try:
+    with atomic_file(target, durable=durable) as fd:
         for part in read_artifact(blobs, ref):
             n = len(part)
             if n <= len(_ZEROS) and part == _ZEROS[:n]:
@@ -211,19 +209,6 @@ def restore_artifact(
                 progress(0, total)
         os.ftruncate(fd, total)  # the file's length when it ends in a hole
         os.fchmod(fd, ref.mode & 0o7777)
-        if durable:
-            os.fsync(fd)
-    except BaseException:
-        os.close(fd)
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
-    os.close(fd)
-    os.replace(tmp, target)
-    if durable:
-        fsync_dir(target.parent)
     return total
 
 
