@@ -323,3 +323,55 @@ def test_rewind_killed_at_random_instants_is_completed_by_the_next_command(
 
     assert killed == REWIND_KILLS, f"only {killed} of {i + 1} rewinds were killed mid-way"
     print(f"rewind kills: {killed} killed; workspace right after the kill: {outcomes}")
+
+
+IMPORT_KILLS = 40
+
+
+@pytest.mark.slow
+def test_import_killed_at_random_instants_leaves_a_store_that_verifies(
+    sp: Sp, tmp_path: Path
+) -> None:
+    """SPEC §5: ``kill -9`` of ``stashpoint import`` at random instants. The destination then
+    opens without repair, verifies, holds no temp files and no head pointing at a partial
+    history; running the same import again completes it, with the source's ids and heads."""
+    rng = random.Random(SEED + 2)
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    project = Project(ws, rng)
+    project.populate(300)
+    for i in range(4):
+        cli_json(sp, ws, "snap", "-m", f"s{i}")
+        project.step(i)
+    source = [e["id"] for e in cli_json(sp, ws, "log")]
+    bundle = tmp_path / "run.spb"
+    sp("export", "-o", str(bundle), cwd=ws)
+    env = cli_env(tmp_path)
+    dest = tmp_path / "dest"
+    dest.mkdir()
+
+    def fresh() -> None:
+        import shutil
+
+        shutil.rmtree(dest / ".stashpoint", ignore_errors=True)
+
+    duration = measure(lambda: sp("import", str(bundle), cwd=dest), 3, reset=fresh)
+    killed = completed = 0
+    for _i in range(3 * IMPORT_KILLS):
+        if killed == IMPORT_KILLS:
+            break
+        fresh()
+        code, _out = run_killed(["import", str(bundle)], dest, env, rng.uniform(0, duration))
+        killed += code != 0
+        completed += code == 0
+        if (dest / ".stashpoint").exists():
+            report = cli_json(sp, dest, "verify")
+            assert report["ok"], report
+            heads = [e["id"] for e in cli_json(sp, dest, "log")]
+            assert heads in ([], source), "a head points at a partial history"
+        assert not temp_files(dest), f"left behind: {temp_files(dest)}"
+        sp("import", str(bundle), cwd=dest)  # the same import again completes it
+        assert [e["id"] for e in cli_json(sp, dest, "log")] == source
+        assert cli_json(sp, dest, "verify")["ok"]
+    assert killed == IMPORT_KILLS, f"only {killed} imports were killed mid-way"
+    print(f"import kills: {killed} killed, {completed} completed first")
