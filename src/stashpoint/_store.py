@@ -80,6 +80,9 @@ class Store:
         self.meta = meta
         self.group = GroupCommit(meta)
         """Flushes deferred commits on their levels' schedules; shared by this store's sessions."""
+        self.wrote = False
+        """Whether a session committed through this object (then closing checks upkeep)."""
+        self.closed = False
         self.home = home
         """Local directory of the store (for caches and link files), if it has one."""
         if blob_store is None and blob_dir is not None:
@@ -237,12 +240,12 @@ class Store:
         return out
 
     def close(self) -> None:
-        if self.__dict__.get("closed"):
+        if self.closed:
             return
         self.closed = True
         try:
             self.group.close()  # deferred checkpoints become durable before the store closes
-            if self.__dict__.get("wrote"):
+            if self.wrote:
                 from .upkeep import run_if_due
 
                 run_if_due(self)  # retention and the size budget, once a period

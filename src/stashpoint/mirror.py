@@ -457,7 +457,7 @@ class MirroredStore(Store):
         self.primary.meta.set_meta(BEHIND_KEY, None)
 
     def close(self) -> None:
-        if self.__dict__.get("wrote") and not self.primary.__dict__.get("closed"):
+        if self.wrote:
             self.primary.wrote = True  # its upkeep runs on its own records, not the mirror's
         self.primary.close()
         if self.mirror is not None:
