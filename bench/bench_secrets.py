@@ -9,7 +9,8 @@
 Configurations: ``redact=False`` (the floor), redaction on (the default), encryption with
 redaction off, and both. Same process, order rotated per repetition; SQLite at its default
 ``synchronous=FULL``, so the per-step figure includes the commit's fsync, as users see it.
-Run: ``python bench/bench_secrets.py [--quick]``.
+Run: ``python bench/run_all.py --only secrets`` (at most 2,000 files and 500 steps) or
+``python bench/bench_secrets.py [--quick]``.
 """
 
 from __future__ import annotations
@@ -56,11 +57,12 @@ def _first_snapshot(tmp: Path, ws: Path, cfg: dict[str, Any]) -> float:
         return time.perf_counter() - t0
 
 
-def run(config: Config) -> list[dict[str, Any]]:
+def run(config: Config) -> dict[str, Any]:
+    files, steps = min(config.files, 2000), min(config.steps, 500)
     base = Path(tempfile.mkdtemp(prefix="sp-bench-secrets-", dir=config.tmp))
     try:
         ws = base / "ws"
-        make_workspace(ws, config.files)
+        make_workspace(ws, files)
         step_ms: dict[str, list[float]] = {k: [] for k in CONFIGS}
         mem_ms: dict[str, list[float]] = {k: [] for k in CONFIGS}
         snap_s: dict[str, list[float]] = {k: [] for k in CONFIGS}
@@ -69,46 +71,34 @@ def run(config: Config) -> list[dict[str, Any]]:
             order = names[rep % len(names) :] + names[: rep % len(names)]
             for name in order:
                 d = base / f"{name}-{rep}"
-                step_ms[name] += [
-                    t * 1000 for t in _state_run(d / "s", CONFIGS[name], config.steps)
-                ]
-                mem = _state_run("memory://", CONFIGS[name], config.steps)
+                step_ms[name] += [t * 1000 for t in _state_run(d / "s", CONFIGS[name], steps)]
+                mem = _state_run("memory://", CONFIGS[name], steps)
                 mem_ms[name] += [t * 1000 for t in mem]
                 snap_s[name].append(_first_snapshot(d / "w", ws, CONFIGS[name]))
                 shutil.rmtree(d)
         rows = []
+        series = [
+            (f"state step, memory:// ({steps} steps)", mem_ms, "ms"),
+            (f"state step, SQLite ({steps} steps)", step_ms, "ms"),
+            (f"first snapshot ({files} files)", snap_s, "s"),
+        ]
         for name in names[1:]:
-            rows.append(
-                row(
-                    f"state step, memory:// ({config.steps} steps), {name}",
-                    median(mem_ms[name]),
-                    "ms",
-                    peer=median(mem_ms["plain"]),
-                    peer_name="redact=False",
-                    samples=mem_ms[name],
+            for figure, samples, unit in series:
+                rows.append(
+                    row(
+                        f"{figure}, {name}",
+                        median(samples[name]),
+                        unit,
+                        peer=median(samples["plain"]),
+                        peer_name="redact=False",
+                        samples=samples[name],
+                    )
                 )
-            )
-            rows.append(
-                row(
-                    f"state step, SQLite ({config.steps} steps), {name}",
-                    median(step_ms[name]),
-                    "ms",
-                    peer=median(step_ms["plain"]),
-                    peer_name="redact=False",
-                    samples=step_ms[name],
-                )
-            )
-            rows.append(
-                row(
-                    f"first snapshot ({config.files} files), {name}",
-                    median(snap_s[name]),
-                    "s",
-                    peer=median(snap_s["plain"]),
-                    peer_name="redact=False",
-                    samples=snap_s[name],
-                )
-            )
-        return rows
+        notes = [
+            "ratio: each configuration against redact=False; memory:// has no fsync (the CPU "
+            "cost alone), SQLite fsyncs every checkpoint (what users see)"
+        ]
+        return {"name": "secrets", "rows": rows, "notes": notes}
     finally:
         if not config.keep:
             shutil.rmtree(base, ignore_errors=True)
@@ -116,7 +106,7 @@ def run(config: Config) -> list[dict[str, Any]]:
 
 if __name__ == "__main__":
     cfg = Config.quick() if "--quick" in sys.argv else Config(files=2000, reps=3, steps=500)
-    for r in run(cfg):
+    for r in run(cfg)["rows"]:
         ratio = f"{r['ratio']:.2f}x" if r["ratio"] else "-"
         print(
             f"{r['figure']:<52} {r['stashpoint']:9.3f} {r['unit']:<3} vs {r['peer']:9.3f}  {ratio}"

@@ -39,6 +39,7 @@ BENCHES = {
     "artifacts": "bench_artifacts",
     "mirror": "bench_mirror",
     "durability": "bench_durability",
+    "secrets": "bench_secrets",
 }
 RESULTS = Path(__file__).resolve().parent / "results"
 

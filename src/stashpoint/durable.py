@@ -340,7 +340,10 @@ class Journal:
         return self.record is not None
 
     def start(self, *, argv: list[str] | None = None, cwd: str | None = None) -> None:
-        """Become the run that appends: a new log continuing the head's journal."""
+        """Become the run that appends: a new log continuing the head's journal. Refused
+        before anything runs while another worker holds the session's lease (a resumed run
+        too: its steps and side effects need the lease as much as a new one's)."""
+        self.session.check_may_write()
         if self.record is not None:
             return
         head = self.session.head
@@ -357,7 +360,6 @@ class Journal:
             "cwd": cwd if cwd is not None else os.getcwd(),
             "started": utc_now_iso(),
         }
-        self.session.check_may_write()
         self.session.store.meta.set_meta(self.key, json.dumps(self.record))
 
     def ref(self) -> LogRef | None:
@@ -607,7 +609,6 @@ class Durable:
 
     # -- run lifecycle ----------------------------------------------------------------------
     def begin(self, *, fresh: bool = False) -> Journal:
-        self.session.check_may_write()  # before any step body: side effects need the lease
         j = Journal(self.session, fresh=fresh)
         head = self.session.head
         mine = self.session.config_hash

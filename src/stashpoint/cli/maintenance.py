@@ -12,7 +12,9 @@ from ._app import Ctx, emit, json_option, short
 from ._progress import ByteProgress
 
 if TYPE_CHECKING:
+    from .._store import Store
     from ..retention import Plan
+    from ..upkeep import Upkeep
 
 pass_ctx = click.make_pass_decorator(Ctx)
 
@@ -110,8 +112,20 @@ def prune(
       stashpoint prune --auto --json
     """
     if save or auto:
-        _upkeep(ctx, keep_within, keep_last, keep_labelled, max_size, auto, save, every, off,
-                dry_run)  # fmt: skip
+        if save and auto:
+            raise click.UsageError("--save and --auto exclude each other")
+        if off and not save:
+            raise click.UsageError("--off goes with --save")
+        from .. import upkeep
+
+        store = ctx.store()
+        current = upkeep.load(store)
+        chosen = (
+            replace(current, enabled=False)
+            if off
+            else _with_rules(current, keep_within, keep_last, keep_labelled, max_size, every)
+        )
+        (_save_upkeep if save else _run_upkeep)(ctx, store, chosen, dry_run)
         return
     if max_size or every or off:
         raise click.UsageError("--max-size, --every and --off go with --save or --auto")
@@ -171,58 +185,45 @@ def prune(
         click.echo(f"pruned {total} checkpoint(s); `stashpoint gc` frees what only they used")
 
 
-def _upkeep(
-    ctx: Ctx,
+def _with_rules(
+    current: Upkeep,
     keep_within: str | None,
     keep_last: int | None,
     keep_labelled: bool,
     max_size: str | None,
-    auto: bool,
-    save: bool,
     every: str | None,
-    off: bool,
-    dry_run: bool,
-) -> None:
+) -> Upkeep:
+    """The store's upkeep policy with the rules given on the command line in place."""
     from .. import retention, upkeep
 
-    if save and auto:
-        raise click.UsageError("--save and --auto exclude each other")
-    store = ctx.store()
-    current = upkeep.load(store)
-    if save:
-        if off:
-            chosen = replace(current, enabled=False)
-        else:
-            policy = current.policy
-            if keep_within is not None or keep_last is not None:
-                policy = retention.Policy.of(keep_within, keep_last, keep_labelled)
-            elif not keep_labelled:
-                policy = replace(policy, keep_labelled=False)
-            chosen = upkeep.Upkeep(
-                policy,
-                upkeep.parse_size(max_size) if max_size else current.max_bytes,
-                upkeep.parse_every(every) if every else current.every,
-                True,
-            )
-        if not dry_run:
-            upkeep.save(store, chosen)
-        emit(
-            ctx,
-            {"upkeep": chosen.to_dict(), "saved": not dry_run},
-            f"automatic upkeep: {chosen.describe()}"
-            + (" (not saved: --dry-run)" if dry_run else ""),
-        )
-        return
-    if keep_within is not None or keep_last is not None or max_size or not keep_labelled:
-        policy = current.policy
-        if keep_within is not None or keep_last is not None:
-            policy = retention.Policy.of(keep_within, keep_last, keep_labelled)
-        current = upkeep.Upkeep(
-            policy,
-            upkeep.parse_size(max_size) if max_size else current.max_bytes,
-            current.every,
-            True,
-        )
+    policy = current.policy
+    if keep_within is not None or keep_last is not None:
+        policy = retention.Policy.of(keep_within, keep_last, keep_labelled)
+    elif not keep_labelled:
+        policy = replace(policy, keep_labelled=False)
+    return upkeep.Upkeep(
+        policy,
+        upkeep.parse_size(max_size) if max_size else current.max_bytes,
+        upkeep.parse_every(every) if every else current.every,
+        True,
+    )
+
+
+def _save_upkeep(ctx: Ctx, store: Store, chosen: Upkeep, dry_run: bool) -> None:
+    from .. import upkeep
+
+    if not dry_run:
+        upkeep.save(store, chosen)
+    emit(
+        ctx,
+        {"upkeep": chosen.to_dict(), "saved": not dry_run},
+        f"automatic upkeep: {chosen.describe()}" + (" (not saved: --dry-run)" if dry_run else ""),
+    )
+
+
+def _run_upkeep(ctx: Ctx, store: Store, current: Upkeep, dry_run: bool) -> None:
+    from .. import upkeep
+
     report = upkeep.run(store, current, dry_run=dry_run)
     data = {"upkeep": current.to_dict(), **report.to_dict()}
     pruned = sum(report.pruned.values())

@@ -32,34 +32,43 @@ from .base import Commit, GcEpochChanged, LogAppend
 
 __all__ = ["PostgresStore"]
 
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 3
 _LOCK_KEY = 0x5354_4153_4850_4F49  # "STASHPOI": serialises concurrent migrations
 
-_SP_APPEND = """
+FUNCTIONS = """
+CREATE OR REPLACE FUNCTION sp_check_lease(p_session TEXT, p_fence BIGINT)
+RETURNS VOID LANGUAGE plpgsql AS $$
+DECLARE
+    v_token BIGINT;
+    v_owner TEXT;
+    v_left DOUBLE PRECISION;
+BEGIN
+    IF p_fence IS NOT NULL THEN
+        SELECT token INTO v_token FROM sp_leases WHERE session = p_session FOR SHARE;
+        IF v_token IS DISTINCT FROM p_fence THEN
+            RAISE EXCEPTION 'the lease on session % was taken over by another worker '
+                '(our token %, now %)', p_session, p_fence, v_token
+                USING ERRCODE = 'SP004';
+        END IF;
+    ELSE
+        SELECT owner, expires - extract(epoch FROM clock_timestamp())
+            INTO v_owner, v_left FROM sp_leases WHERE session = p_session FOR SHARE;
+        IF v_left > 0 THEN
+            RAISE EXCEPTION 'session % is leased by % for another % s',
+                p_session, v_owner, round(v_left::numeric, 1) USING ERRCODE = 'SP005';
+        END IF;
+    END IF;
+END $$;
+
 CREATE OR REPLACE FUNCTION sp_append(
     p_log TEXT, p_new BOOLEAN, p_session TEXT, p_parent TEXT, p_parent_len BIGINT,
     p_start BIGINT, p_chains BYTEA[], p_datas BYTEA[], p_fence_session TEXT, p_fence BIGINT
 ) RETURNS VOID LANGUAGE plpgsql AS $$
 DECLARE
-    v_token BIGINT;
     v_tip BIGINT;
-    v_owner TEXT;
-    v_left DOUBLE PRECISION;
 BEGIN
-    IF p_fence IS NOT NULL THEN
-        SELECT token INTO v_token FROM sp_leases WHERE session = p_fence_session FOR SHARE;
-        IF v_token IS DISTINCT FROM p_fence THEN
-            RAISE EXCEPTION 'the lease on session % was taken over by another worker '
-                '(our token %, now %)', p_fence_session, p_fence, v_token
-                USING ERRCODE = 'SP004';
-        END IF;
-    ELSIF p_fence_session IS NOT NULL THEN
-        SELECT owner, expires - extract(epoch FROM clock_timestamp())
-            INTO v_owner, v_left FROM sp_leases WHERE session = p_fence_session FOR SHARE;
-        IF v_left > 0 THEN
-            RAISE EXCEPTION 'session % is leased by % for another % s',
-                p_fence_session, v_owner, round(v_left::numeric, 1) USING ERRCODE = 'SP005';
-        END IF;
+    IF p_fence_session IS NOT NULL THEN  -- NULL: checked by the caller (sp_commit)
+        PERFORM sp_check_lease(p_fence_session, p_fence);
     END IF;
     IF p_new THEN
         INSERT INTO sp_logs(id, session, parent, parent_len)
@@ -73,14 +82,7 @@ BEGIN
     INSERT INTO sp_messages(log, idx, chain, data)
         SELECT p_log, p_start + m.n - 1, m.c, m.d
         FROM unnest(p_chains, p_datas) WITH ORDINALITY AS m(c, d, n);
-END $$
-"""
-"""The journal append: one round trip, fenced like a commit; an unfenced append names its
-session and waits for a live lease like an unfenced commit (added in v4)."""
-
-FUNCTIONS = (
-    _SP_APPEND
-    + """;
+END $$;
 
 CREATE OR REPLACE FUNCTION sp_commit(
     p_id TEXT, p_session TEXT, p_branch TEXT, p_parent TEXT, p_body BYTEA, p_digest TEXT,
@@ -90,27 +92,10 @@ CREATE OR REPLACE FUNCTION sp_commit(
     p_digests BYTEA[], p_codecs INTEGER[], p_sizes BIGINT[], p_blobs BYTEA[]
 ) RETURNS TEXT LANGUAGE plpgsql AS $$
 DECLARE
-    v_token BIGINT;
     v_epoch TEXT;
     v_rows INTEGER;
-    v_owner TEXT;
-    v_left DOUBLE PRECISION;
 BEGIN
-    IF p_fence IS NOT NULL THEN
-        SELECT token INTO v_token FROM sp_leases WHERE session = p_fence_session FOR SHARE;
-        IF v_token IS DISTINCT FROM p_fence THEN
-            RAISE EXCEPTION 'the lease on session % was taken over by another worker '
-                '(our token %, now %)', p_fence_session, p_fence, v_token
-                USING ERRCODE = 'SP004';
-        END IF;
-    ELSE
-        SELECT owner, expires - extract(epoch FROM clock_timestamp())
-            INTO v_owner, v_left FROM sp_leases WHERE session = p_session FOR SHARE;
-        IF v_left > 0 THEN
-            RAISE EXCEPTION 'session % is leased by % for another % s',
-                p_session, v_owner, round(v_left::numeric, 1) USING ERRCODE = 'SP005';
-        END IF;
-    END IF;
+    PERFORM sp_check_lease(COALESCE(p_fence_session, p_session), p_fence);
     IF p_gc_epoch IS NOT NULL THEN
         SELECT value INTO v_epoch FROM sp_meta WHERE key = 'gc_epoch' FOR SHARE;
         IF COALESCE(v_epoch, '0') <> p_gc_epoch THEN
@@ -148,7 +133,6 @@ BEGIN
     RETURN (SELECT value FROM sp_meta WHERE key = 'gc_epoch');
 END $$
 """
-)
 """One round trip per checkpoint (and per journal append); the same checks as SqlStore's."""
 
 
@@ -156,7 +140,6 @@ MIGRATIONS: list[str] = [  # index = version - 1
     TABLES.format(t="sp_", blob="BYTEA"),
     TABLES_V2.format(t="sp_", blob="BYTEA"),
     TABLES_V3.format(t="sp_", blob="BYTEA") + ";" + FUNCTIONS,
-    _SP_APPEND,  # v4: unfenced appends wait for a live lease (new stores have it from v3)
 ]
 
 _COMMIT_CALL = (  # %b: every parameter in binary format (bytea arrays are not text-escaped)
