@@ -641,3 +641,56 @@ def test_example_runs(tmp_path: Path) -> None:
     assert verify_store(store).ok
     assert len(store.session("lg:notes").branches()) == 4
     store.close()
+
+
+def test_secrets_are_scrubbed_before_langgraph_values_are_serialized(tmp_path: Path) -> None:
+    """The session stores LangGraph's values as serialized (compressed) bytes, where no secret
+    pattern can match: the saver scrubs messages, channel values, writes and metadata first."""
+    key = "sk-ant-api03-" + "Q" * 40 + "AA"
+    token = "ghp_" + "x1" * 20
+
+    class S(MessagesState):
+        env: dict[str, str]
+
+    def node(state: S) -> dict[str, Any]:
+        return {
+            "messages": [AIMessage(content=f"found {key} in .env")],
+            "env": {"password": "hunter2-hunter2", "home": "/home/agent"},
+        }
+
+    def build(saver: StashpointSaver) -> Any:
+        g = StateGraph(S)
+        g.add_node("node", node)
+        g.add_edge(START, "node")
+        g.add_edge("node", END)
+        return g.compile(checkpointer=saver)
+
+    def run(saver: StashpointSaver) -> Any:
+        c: Any = {"configurable": {"thread_id": "t"}, "metadata": {"note": f"token {token}"}}
+        build(saver).invoke({"messages": [HumanMessage(content=f"use {token}")]}, c)
+        return c
+
+    saver = StashpointSaver(tmp_path / "on")
+    c = run(saver)
+    saver.close()
+    cold = StashpointSaver(tmp_path / "on")  # read back as a new process would
+    tup = cold.get_tuple(c)
+    assert tup is not None
+    texts = [m.content for m in tup.checkpoint["channel_values"]["messages"]]
+    assert texts == ["use [REDACTED:github]", "found [REDACTED:anthropic] in .env"]
+    assert tup.checkpoint["channel_values"]["env"] == {
+        "password": "[REDACTED:field]",
+        "home": "/home/agent",
+    }
+    assert tup.metadata["note"] == "token [REDACTED:github]"
+    everything = repr([(t.checkpoint, t.metadata, t.pending_writes) for t in cold.list(c)])
+    assert key not in everything and token not in everything and "hunter2" not in everything
+    record = cold.record(tup.config)
+    assert record.meta["stashpoint_redacted"]["anthropic"] >= 1
+    cold.close()
+
+    off = StashpointSaver(tmp_path / "off", redact=False)  # the check above can fail
+    tup = off.get_tuple(run(off))
+    assert tup is not None
+    assert tup.checkpoint["channel_values"]["messages"][1].content == f"found {key} in .env"
+    off.close()

@@ -287,3 +287,33 @@ def test_redaction_is_idempotent_and_finds_secrets_anywhere(value: Any, name: st
     assert r(out) == out
     assert _FIXED[name] not in json.dumps(out)
     assert out["payload"] == r(value)
+
+
+def test_dataclasses_and_pydantic_models_are_walked_and_copied() -> None:
+    import dataclasses
+
+    from pydantic import BaseModel
+
+    @dataclasses.dataclass(frozen=True)
+    class Call:
+        tool: str
+        api_key: str
+        args: dict[str, Any]
+
+    class Msg(BaseModel):
+        role: str
+        content: str
+        calls: list[Call] = []
+
+    s = secrets()
+    call = Call("gh", "plain-looking", {"header": f"Bearer {s['bearer']}"})
+    msg = Msg(role="tool", content=f"got {s['github']}", calls=[call])
+    out = Redactor()([msg, call, Msg(role="user", content="nothing here")])
+    assert out[0] is not msg and type(out[0]) is Msg
+    assert out[0].content == "got [REDACTED:github]"
+    assert out[0].calls[0].api_key == "[REDACTED:field]"
+    assert out[0].calls[0].args["header"] == "Bearer [REDACTED:bearer]"
+    assert out[1].api_key == "[REDACTED:field]" and out[1].tool == "gh"
+    assert msg.content.startswith("got ghp_") and call.api_key == "plain-looking"  # not mutated
+    clean = Msg(role="user", content="nothing here")
+    assert Redactor()(clean) is clean  # unchanged objects are not copied

@@ -16,12 +16,15 @@ redact_patterns = {name = "regex"}`` (a ``(?P<secret>...)`` group limits the rep
 part); pass any callable ``value -> value`` to redact your own way.
 
 What is walked: str, dict (keys kept; values under keys named like password / secret / token /
-api_key are replaced whole), list and tuple. Other values (bytes, registered dataclasses,
-pydantic models) pass unchanged: dump them to dicts first if they may hold secrets.
+api_key are replaced whole), list, tuple, and the fields of dataclasses and pydantic models
+(LangChain messages are pydantic models): a changed one is a copy (``model_copy``), never the
+caller's object mutated. Other values (bytes, numbers, other objects) pass unchanged.
 """
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 import re
 from collections import Counter
 from collections.abc import Callable, Mapping
@@ -73,6 +76,10 @@ SECRET_KEYS = re.compile(
 """Dict keys whose string values are secrets, whatever they look like."""
 
 
+_LEAVES = frozenset({int, float, bool, type(None), bytes, bytearray, complex})
+"""Types that hold no text: returned as they are, without a look inside."""
+
+
 class RedactorFn(Protocol):
     """Anything that returns a scrubbed copy of a value (the original must not be mutated)."""
 
@@ -106,29 +113,46 @@ class Redactor:
         t = type(value)
         if t is str:
             return self.scrub(value)
-        if depth > 200:  # serde refuses deeper state anyway
+        if t in _LEAVES or depth > 200:  # serde refuses deeper state anyway
             return value
         if t is dict:
-            out = None
-            for k, v in value.items():
-                if self.keys and type(v) is str and v and type(k) is str and self._secret_key(k):
-                    if v.startswith("[REDACTED:"):
-                        continue
-                    conv: Any = "[REDACTED:field]"
-                    self.counts["field"] += 1
-                else:
-                    conv = self._walk(v, depth + 1)
-                if conv is not v and out is None:
-                    out = dict(value)
-                if out is not None:
-                    out[k] = conv
-            return value if out is None else out
+            changed = self._changes(value, depth)
+            return {**value, **changed} if changed else value
         if t is list or t is tuple:
             items = [self._walk(x, depth + 1) for x in value]
             if all(a is b for a, b in zip(items, value, strict=True)):
                 return value
             return items if t is list else tuple(items)
+        fields = getattr(value, "__dict__", None)
+        if type(fields) is not dict:
+            return value
+        if getattr(t, "__pydantic_fields__", None) is not None:  # a pydantic v2 model
+            changed = self._changes(fields, depth)
+            return value.model_copy(update=changed) if changed else value
+        if dataclasses.is_dataclass(t):
+            changed = self._changes(fields, depth)
+            if not changed:
+                return value
+            out = copy.copy(value)
+            for k, v in changed.items():
+                object.__setattr__(out, k, v)  # frozen dataclasses too
+            return out
         return value
+
+    def _changes(self, fields: Mapping[Any, Any], depth: int) -> dict[Any, Any]:
+        """The scrubbed values of the fields that changed (dict items, model attributes)."""
+        out: dict[Any, Any] = {}
+        for k, v in fields.items():
+            if self.keys and type(v) is str and v and type(k) is str and self._secret_key(k):
+                if v.startswith("[REDACTED:"):
+                    continue
+                conv: Any = "[REDACTED:field]"
+                self.counts["field"] += 1
+            else:
+                conv = self._walk(v, depth + 1)
+            if conv is not v:
+                out[k] = conv
+        return out
 
     def _secret_key(self, key: str) -> bool:
         hit = self._key_cache.get(key)

@@ -78,8 +78,9 @@ import os
 import threading
 import warnings
 from collections import OrderedDict
-from collections.abc import AsyncIterator, Iterable, Iterator, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, NamedTuple, cast
 
 import msgspec
@@ -112,6 +113,7 @@ from .._store import Store, open_store
 from ..errors import IntegrityError, SerializationError, UsageError
 from ..integrity import EMPTY_CHAIN
 from ..model import Checkpoint, LogRef, utc_now_iso
+from ..redact import Redactor, make_redactor
 from ..session import RewindResult, Session, StashpointWarning
 from ..stores.base import MetadataStore
 
@@ -509,6 +511,10 @@ class StashpointSaver(BaseCheckpointSaver[int]):
         session_prefix: a thread's stashpoint session is named prefix + thread id.
         serde: LangGraph serializer (default: LangGraph's ``JsonPlusSerializer``).
         force: allow a workspace at ``/`` or ``$HOME``.
+        redact: scrub secrets from every value, message and metadata before it is serialized
+            (the stashpoint session sees only serialized bytes, where no pattern can match);
+            the same argument as :class:`stashpoint.Session`'s ``redact``. A callable gets
+            LangGraph's values themselves (message objects included).
 
     The sync methods do their I/O in the calling thread, the async ones in a worker thread.
     Channel versions are integers.
@@ -524,6 +530,7 @@ class StashpointSaver(BaseCheckpointSaver[int]):
         session_prefix: str = "lg:",
         serde: SerializerProtocol | None = None,
         force: bool = False,
+        redact: bool | Mapping[str, str] | Callable[[Any], Any] | None = None,
     ) -> None:
         super().__init__(serde=serde)
         if not session_prefix:
@@ -539,6 +546,7 @@ class StashpointSaver(BaseCheckpointSaver[int]):
         self.conversation_channel = conversation_channel
         self.session_prefix = session_prefix
         self.force = force
+        self.redactor = make_redactor(redact, Path(workspace) if workspace is not None else None)
         self._threads: OrderedDict[str, _Thread] = OrderedDict()
         self._views = _Views(_KEEP_LOGS)
         self._tiny: dict[bytes, Any] = {}
@@ -577,6 +585,7 @@ class StashpointSaver(BaseCheckpointSaver[int]):
                 workspace=self.workspace,
                 branch=FILES_BRANCH,
                 force=self.force,
+                redact=False,
             )
             result = files.rewind(entry.id, state=False)
             th.heads = self.store.meta.branches(th.session)
@@ -966,10 +975,12 @@ class StashpointSaver(BaseCheckpointSaver[int]):
         tree: dict[str, Any] = {}
         for key, value in details.items():
             if key in ("md", "x"):
+                if self.redactor is not None:
+                    value = self.redactor(value)
                 try:
                     tree[key] = serde.to_tree(value)
                 except SerializationError:
-                    tree[key + "!"] = _text(_pack(self.serde.dumps_typed(value)))
+                    tree[key + "!"] = _text(self._dumps(value))
             else:
                 tree[key] = value
         try:
@@ -1055,10 +1066,17 @@ class StashpointSaver(BaseCheckpointSaver[int]):
         self.store.meta.set_meta(key, raw)
         th.pending_raw = raw
 
+    def _dumps(self, value: Any) -> bytes:
+        """A value packed by LangGraph's serializer, scrubbed of secrets first: the session
+        that stores it sees only those bytes, where no secret pattern can match."""
+        if self.redactor is not None:
+            value = self.redactor(value)
+        return _pack(self.serde.dumps_typed(value))
+
     def _encode_write(self, value: Any) -> bytes | builtins.list[bytes]:
         if type(value) is builtins.list:
-            return [_pack(self.serde.dumps_typed(v)) for v in value]
-        return _pack(self.serde.dumps_typed(value))
+            return [self._dumps(v) for v in value]
+        return self._dumps(value)
 
     def _materialize(self, th: _Thread, w: _Write, reader: _Reader) -> bytes | builtins.list[bytes]:
         """A write's value as packed bytes, a reference resolved."""
@@ -1089,6 +1107,7 @@ class StashpointSaver(BaseCheckpointSaver[int]):
                 workspace=self.workspace if files else None,
                 branch=branch,
                 force=self.force,
+                redact=False,  # the saver scrubs values before serializing them (_dumps)
             )
         return s
 
@@ -1171,10 +1190,7 @@ class StashpointSaver(BaseCheckpointSaver[int]):
                     continue  # empty at this version
                 obj = values[ch]
                 old = cache.values.get(ch) if cache is not None else None
-                if old is not None and old[1] is obj:
-                    packed = old[2]
-                else:
-                    packed = _pack(self.serde.dumps_typed(obj))
+                packed = old[2] if old is not None and old[1] is obj else self._dumps(obj)
             if len(packed) <= _INLINE_MAX:  # tiny: cheaper inside the details than on its own
                 inline[ch] = _text(packed)
             else:
@@ -1241,7 +1257,7 @@ class StashpointSaver(BaseCheckpointSaver[int]):
                     i for i in range(n) if msgs[i] is not old_objs[i] and msgs[i] != old_objs[i]
                 )
         head = old_items[:n] if old_items is not None and n else []
-        return head + [_text(_pack(self.serde.dumps_typed(m))) for m in msgs[n:]], n
+        return head + [_text(self._dumps(m)) for m in msgs[n:]], n
 
     def _embed(
         self,
@@ -1315,9 +1331,12 @@ class StashpointSaver(BaseCheckpointSaver[int]):
         expected = session.head.id if session.head is not None else None
         md = details.get("md") or {}
         what = f"{md.get('source', 'put')} step {md.get('step')}" + (f" [{ns}]" if ns else "")
-        sealed = session.checkpoint(
-            state, kind="auto", message=what, meta={_META: meta}, files=files
-        )
+        record_meta: dict[str, Any] = {_META: meta}
+        red = self.redactor
+        if isinstance(red, Redactor) and red.counts:
+            record_meta["stashpoint_redacted"] = dict(sorted(red.counts.items()))
+            red.counts.clear()
+        sealed = session.checkpoint(state, kind="auto", message=what, meta=record_meta, files=files)
         th.heads[branch] = sealed.id
         th.restored = None
         if sealed.parent != expected:  # another writer got in between: re-read next time
@@ -1399,7 +1418,7 @@ class StashpointSaver(BaseCheckpointSaver[int]):
         self._save_pending(th)
         for branch, head in self.store.meta.branches(th.session).items():
             if head not in th.removed and (everything or head in doomed):
-                Session(self.store, th.session, branch=branch).checkpoint(
+                Session(self.store, th.session, branch=branch, redact=False).checkpoint(
                     {},
                     kind="edit",
                     message=f"langgraph {reason}: removed from LangGraph's view",
