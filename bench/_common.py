@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import sqlite3
 import statistics
 import subprocess
 import sys
@@ -25,6 +26,7 @@ from typing import Any
 __all__ = [
     "PG_DEFAULT",
     "Config",
+    "Floor",
     "Gap",
     "ShadowGit",
     "cli_env",
@@ -283,3 +285,45 @@ class Gap:
 
     def mark(self) -> None:
         self.last = time.monotonic()
+
+
+class Floor:
+    """The floor of every SQLite bar: one bare WAL commit of a 1 KB row (BEGIN IMMEDIATE;
+    INSERT; COMMIT) at the same ``synchronous`` setting. Nothing durable can be cheaper.
+
+    Warmed up to steady state: past the first WAL checkpoint, so its commits overwrite a WAL
+    file that no longer grows, as a long-running store's do. While a WAL file still grows,
+    each fsync also commits the file's new size to the file system's journal: on this
+    machine that made the floor's first ~1,000 commits 0.25-0.37 ms and the later ones
+    0.15-0.17 ms, a cliff in the middle of a run that said nothing about either side.
+    Sample it between the measured operations, so both see the disk at the same moment.
+    """
+
+    def __init__(self, path: Path, synchronous: str = "FULL") -> None:
+        self.conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+        self.conn.execute("PRAGMA journal_mode=WAL")
+        self.conn.execute(f"PRAGMA synchronous={synchronous}")
+        self.conn.execute("CREATE TABLE t(id INTEGER PRIMARY KEY, data BLOB NOT NULL)")
+        self.payload = os.urandom(1024)
+        self.times: list[float] = []
+        pages = int(self.conn.execute("PRAGMA wal_autocheckpoint").fetchone()[0])
+        for _ in range(pages + 50):  # one commit appends ~1 page: past the first reset
+            self._commit()
+
+    def _commit(self) -> float:
+        t0 = time.perf_counter()
+        self.conn.execute("BEGIN IMMEDIATE")
+        self.conn.execute("INSERT INTO t(data) VALUES (?)", (self.payload,))
+        self.conn.execute("COMMIT")
+        return time.perf_counter() - t0
+
+    def sample(self) -> None:
+        """One commit, its seconds kept in ``times``."""
+        self.times.append(self._commit())
+
+    def samples(self, k: int) -> list[float]:
+        """``k`` commits in a row: their seconds (not kept)."""
+        return [self._commit() for _ in range(k)]
+
+    def close(self) -> None:
+        self.conn.close()

@@ -17,7 +17,6 @@ them for context.
 from __future__ import annotations
 
 import shutil
-import sqlite3
 import statistics
 import sys
 import tempfile
@@ -26,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 import stashpoint
-from _common import Config, median, pg_base, pg_schema, row
+from _common import Config, Floor, median, pg_base, pg_schema, row
 from workload import conversation
 
 LEVELS = ("fsync", "group", "exit")
@@ -58,20 +57,11 @@ def _p99(xs: list[float]) -> float:
 
 
 def _sqlite_floor(path: Path, synchronous: str, n: int) -> float:
-    db = sqlite3.connect(path, isolation_level=None)
-    db.execute("PRAGMA journal_mode=WAL")
-    db.execute(f"PRAGMA synchronous={synchronous}")
-    db.execute("CREATE TABLE t(id INTEGER PRIMARY KEY, v BLOB)")
-    payload = b"x" * 1024
-    times = []
-    for _ in range(n):
-        t0 = time.perf_counter()
-        db.execute("BEGIN IMMEDIATE")
-        db.execute("INSERT INTO t(v) VALUES (?)", (payload,))
-        db.execute("COMMIT")
-        times.append(time.perf_counter() - t0)
-    db.close()
-    return median(times)
+    floor = Floor(path, synchronous)
+    try:
+        return median(floor.samples(n))
+    finally:
+        floor.close()
 
 
 def _pg_floor(url: str, sync: bool, n: int) -> float:

@@ -40,7 +40,7 @@ from pathlib import Path
 from typing import IO, Any
 
 import stashpoint
-from _common import Config, median, row
+from _common import Config, Floor, median, row
 
 BAR = 0.25  # stashpoint's per-step overhead <= 0.25x DBOS's (SPEC §4)
 KINDS = ("sync", "async")
@@ -133,30 +133,6 @@ def _plain(n: int) -> float:
     main(k)
     t2 = time.perf_counter()
     return ((t2 - t1) - (t1 - t0)) / k
-
-
-class Floor:
-    """One bare WAL commit of a 1 KB row (BEGIN IMMEDIATE; INSERT; COMMIT), synchronous=FULL."""
-
-    def __init__(self, path: Path) -> None:
-        self.conn = sqlite3.connect(path, isolation_level=None)
-        self.conn.execute("PRAGMA journal_mode=WAL")
-        self.conn.execute("PRAGMA synchronous=FULL")
-        self.conn.execute("CREATE TABLE t(id INTEGER PRIMARY KEY, data BLOB NOT NULL)")
-        self.payload = os.urandom(1024)
-
-    def sample(self, k: int) -> list[float]:
-        out = []
-        for _ in range(k):
-            t0 = time.perf_counter()
-            self.conn.execute("BEGIN IMMEDIATE")
-            self.conn.execute("INSERT INTO t(data) VALUES (?)", (self.payload,))
-            self.conn.execute("COMMIT")
-            out.append(time.perf_counter() - t0)
-        return out
-
-    def close(self) -> None:
-        self.conn.close()
 
 
 # -- DBOS, in a child process ---------------------------------------------------------------
@@ -311,10 +287,10 @@ def run(cfg: Config) -> dict[str, Any]:
                     sp.replay(name, steps)
                 for peer in peers.values():
                     peer.time(kind, steps)
-        floor.sample(20)
+        floor.samples(20)
         for _ in range(reps):  # interleaved, so a slow spell of the disk hits all alike
             add("plain", _plain(n) * 1e6)
-            add("floor", median(floor.sample(50)) * 1e6)
+            add("floor", median(floor.samples(50)) * 1e6)
             for kind in KINDS:
                 for steps in (0, n):
                     t, name = sp.time(kind, steps)

@@ -15,7 +15,6 @@ cheaper, so SPEC's bar is 1.5x that floor, independent of the step.
 from __future__ import annotations
 
 import datetime
-import os
 import shutil
 import sqlite3
 import sys
@@ -25,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import stashpoint
-from _common import Config, dir_size, median, row, timed
+from _common import Config, Floor, dir_size, median, row, timed
 from workload import conversation, message_bytes
 
 SYNCS = ("FULL", "NORMAL")
@@ -130,37 +129,6 @@ def bench_langgraph(tmp: Path, conv: list[Any], sync: str, reps: int) -> dict[st
     assert n == len(conv)
     conn.close()
     return {"times": times, "list": lists, "db": _db_bytes(db), "raw": message_bytes(msgs)}
-
-
-class Floor:
-    """One bare WAL commit of a 1 KB row (BEGIN IMMEDIATE; INSERT; COMMIT), as stashpoint does.
-
-    Sampled between stashpoint's checkpoints, step by step, so both see the same disk at the
-    same moment (fsync latency drifts over minutes on a shared VM).
-    """
-
-    def __init__(self, path: Path, sync: str) -> None:
-        self.conn = sqlite3.connect(path, isolation_level=None)
-        self.conn.execute("PRAGMA journal_mode=WAL")
-        self.conn.execute(f"PRAGMA synchronous={sync}")
-        self.conn.execute("CREATE TABLE t(id INTEGER PRIMARY KEY, data BLOB NOT NULL)")
-        self.payload = os.urandom(1024)
-        self.times: list[float] = []
-        for _ in range(50):  # warm-up
-            self._commit()
-
-    def _commit(self) -> float:
-        t0 = time.perf_counter()
-        self.conn.execute("BEGIN IMMEDIATE")
-        self.conn.execute("INSERT INTO t(data) VALUES (?)", (self.payload,))
-        self.conn.execute("COMMIT")
-        return time.perf_counter() - t0
-
-    def sample(self) -> None:
-        self.times.append(self._commit())
-
-    def close(self) -> None:
-        self.conn.close()
 
 
 def _ms(xs: list[float]) -> list[float]:
@@ -292,7 +260,9 @@ def run(cfg: Config) -> dict[str, Any]:
             shutil.rmtree(tmp, ignore_errors=True)
     notes += [
         "per-step times are medians over steps s-w..s+w around each step s (w = max(5, s/10)); "
-        "the floor is sampled once per step between stashpoint's checkpoints, same window",
+        "the floor is sampled once per step between stashpoint's checkpoints, same window, "
+        "from a WAL in steady state (past its first reset: a still-growing WAL file makes "
+        "each fsync ~0.1 ms dearer)",
         "sizes: db + -wal + -shm files after PRAGMA wal_checkpoint(TRUNCATE); no VACUUM. "
         "Raw message bytes: compact JSON of each message, summed",
         "store size bar: 2x raw message bytes + 1 KiB per checkpoint (SPEC §4); "
