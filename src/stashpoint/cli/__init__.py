@@ -75,7 +75,16 @@ def cli(
 
 def _register() -> None:
     # Each module registers its commands on ``cli`` when imported.
-    from . import bundles, commands, copying, durable, hooks, maintenance, operator  # noqa: F401
+    from . import (  # noqa: F401
+        bundles,
+        commands,
+        copying,
+        durable,
+        hooks,
+        maintenance,
+        operator,
+        ui_cmd,
+    )
 
 
 _register()
