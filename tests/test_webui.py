@@ -203,29 +203,17 @@ def _need_browser() -> tuple[Any, str]:
     return sync_playwright, chromium
 
 
-def test_stashpoint_ui_in_a_headless_browser(tmp_path: Path) -> None:
+def test_stashpoint_ui_in_a_headless_browser(sp: Any, tmp_path: Path) -> None:
     sync_playwright, chromium = _need_browser()
     ws = tmp_path / "ws"
     ws.mkdir()
     env = {**os.environ, "HOME": str(tmp_path)}
     env.pop("STASHPOINT_STORE", None)
     env.pop("STASHPOINT_SESSION", None)
-
-    def cli(*args: str) -> str:
-        return subprocess.run(
-            [sys.executable, "-m", "stashpoint", *args],
-            cwd=ws,
-            env=env,
-            check=True,
-            capture_output=True,
-            text=True,
-            timeout=120,
-        ).stdout
-
     (ws / "plan.md").write_text("draft 1\n")
-    first = json.loads(cli("snap", "-m", "first draft", "--json"))["id"]
+    first = json.loads(sp("snap", "-m", "first draft", "--json", cwd=ws).out)["id"]
     (ws / "plan.md").write_text("draft 2: rm -rf everything\n")  # 27 bytes
-    cli("snap", "-m", "bad idea")
+    sp("snap", "-m", "bad idea", cwd=ws)
     server = subprocess.Popen(
         [sys.executable, "-m", "stashpoint", "ui", "--port", "0", "--json"],
         cwd=ws,
@@ -259,9 +247,10 @@ def test_stashpoint_ui_in_a_headless_browser(tmp_path: Path) -> None:
             page.screenshot(path=str(tmp_path / "ui.png"), full_page=True)
             browser.close()
         assert (ws / "plan.md").read_text() == "draft 1\n"  # restored on disk
-        log = json.loads(cli("log", "--json"))
-        assert log[0]["kind"] != "manual" or len(log) >= 4  # safety + rewind recorded
-        assert any(cp["message"] == "bad idea" for cp in log)  # nothing lost: undoable
+        log = json.loads(sp("log", "--json", cwd=ws).out)
+        kinds = {cp["kind"]: cp for cp in log}
+        assert "pre-rewind" in kinds and "bad idea" in {cp["message"] for cp in log}
+        assert kinds["pre-rewind"]["message"] == f"before rewind to {first}"  # undoable
     finally:
         server.send_signal(signal.SIGINT)
         try:
