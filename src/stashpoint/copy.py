@@ -9,7 +9,9 @@ log or branch that the destination holds with other contents refuses the copy wi
 :class:`~stashpoint.errors.ConflictError` (exit 3). Then the copied sessions are verified in
 the destination as ``stashpoint verify`` would (an :class:`IntegrityError`, exit 2, if not).
 
-The temporary bundle lives under ``TMPDIR`` (one session at a time, deleted after).
+The temporary bundle lives under ``TMPDIR`` (one session at a time, deleted after). A bundle
+holds plaintext, so when either store is encrypted it lives in memory instead (``/dev/shm``)
+where the machine has one: an encrypted store's contents never reach a disk unencrypted.
 
 Carried: checkpoints with their hash chain, branch heads, labels, pruned marks, conversation
 and journal logs, and every blob they reference. Not carried: stat caches, GC marks, and the
@@ -21,6 +23,7 @@ from __future__ import annotations
 import os
 import re
 import tempfile
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -29,6 +32,7 @@ from ._fsutil import TMP_MARK
 from ._store import Problem, Store
 from .bundle import Clash, export_bundle, import_bundle, read_bundle
 from .errors import ConflictError, IntegrityError, NotFoundError, StoreError
+from .session import StashpointWarning
 
 __all__ = ["CopyReport", "copy_sessions"]
 
@@ -80,7 +84,8 @@ def copy_sessions(
         raise NotFoundError(f"{source.url} has no sessions with checkpoints to copy")
     report = CopyReport(_redact(source.url), _redact(dest.url))
     done = 0
-    with tempfile.TemporaryDirectory(prefix=TMP_MARK) as tmp:
+    where = _temp_parent(source, dest)
+    with tempfile.TemporaryDirectory(prefix=TMP_MARK, dir=where) as tmp:
         for name in names:
             path = os.path.join(tmp, "session.spb")
             base = done
@@ -92,9 +97,15 @@ def copy_sessions(
             try:
                 export_bundle(source, path, session=name, overwrite=True, progress=step)
             except OSError as exc:
+                hint = (
+                    "an encrypted store's plaintext stays in memory: free some, or copy one "
+                    "session at a time (--session)"
+                    if where is not None
+                    else "set TMPDIR to a place with room"
+                )
                 raise StoreError(
                     f"cannot write the temporary bundle for session {name!r} in {tmp}: "
-                    f"{exc.strerror or exc}; set TMPDIR to a place with room"
+                    f"{exc.strerror or exc}; {hint}"
                 ) from exc
             with read_bundle(path, hasher=dest.hasher) as bundle:
                 try:
@@ -115,6 +126,25 @@ def copy_sessions(
     report.problems = _verify(dest, report.sessions, progress)
     report.verified = not report.problems
     return report
+
+
+SHM = "/dev/shm"
+
+
+def _temp_parent(source: Store, dest: Store) -> str | None:
+    """Where the temporary bundle goes (None: TMPDIR). A bundle is plaintext: for an
+    encrypted store, memory (``/dev/shm``) when the machine has it; else TMPDIR, said aloud."""
+    if source.cipher is None and dest.cipher is None:
+        return None
+    if os.path.isdir(SHM) and os.access(SHM, os.W_OK | os.X_OK):
+        return SHM
+    warnings.warn(
+        f"copying an encrypted store through a plaintext temporary bundle in "
+        f"{tempfile.gettempdir()} (no {SHM} here); it is deleted after each session",
+        StashpointWarning,
+        stacklevel=3,
+    )
+    return None
 
 
 def _redact(url: str) -> str:
