@@ -107,6 +107,9 @@ def test_pages_show_sessions_tree_state_files_and_diffs_escaped(world: Any) -> N
         assert f"/s/main/c/{ident}" in tree
     assert "try-b" in tree and "main" in tree
     assert tree.count("<ul class='tree'>") >= 2  # the fork opens a nested line
+    pos = [tree.index(f"/s/main/c/{ids[2]}"), tree.index("on b"), tree.index(f"/s/main/c/{ids[0]}")]
+    assert pos == sorted(pos)  # the head's line runs on the left; the fork sits above its base
+    assert "<ul class='tree'>" in tree[tree.index(f"/s/main/c/{ids[1]}") : pos[1]]
     cp = c.get(f"/s/main/c/{ids[2]}").text
     assert "&lt;b&gt;write&lt;/b&gt;" in cp and "<b>write</b>" not in cp  # state is escaped
     assert "notes.txt" in cp and "restore files + state" in cp

@@ -205,7 +205,7 @@ def create_app(
             pending = _pending(s)
             rows.append(
                 f"<tr><td><a href='{_e(_s_url(name))}'>{_e(name)}</a></td>"
-                f"<td>{len(heads)}</td><td>{len(s.history())}</td>"
+                f"<td>{len(heads)}</td><td>{len(store.meta.list_checkpoints(name))}</td>"
                 f"<td>{_e(head.created_at[:19].replace('T', ' ')) if head else '-'}</td>"
                 f"<td>{'<b>waits for a decision</b>' if pending else ''}</td></tr>"
             )
@@ -230,7 +230,7 @@ def create_app(
         body = _pending_html(s, form)
         body += f"<p>{len(cps)} checkpoints, newest first on each line of history; a fork "
         body += "starts an indented line. Click one to inspect it, restore it or fork it.</p>"
-        body += _tree_html(name, cps, labels, heads)
+        body += _tree_html(name, cps, labels, heads, s.head.id if s.head else None)
         return page(f"session {name}", body)
 
     def checkpoint_page(request: Request) -> Response:
@@ -355,7 +355,11 @@ def _pending_html(s: Session, form: Callable[..., str]) -> str:
 
 
 def _tree_html(
-    name: str, cps: list[Checkpoint], labels: dict[str, str], heads: dict[str, list[str]]
+    name: str,
+    cps: list[Checkpoint],
+    labels: dict[str, str],
+    heads: dict[str, list[str]],
+    current: str | None,
 ) -> str:
     """Lines of history as nested lists: a line runs from its tip down to where it forked."""
     by_id = {cp.id: cp for cp in cps}
@@ -363,8 +367,14 @@ def _tree_html(
     for cp in cps:
         parent = cp.parent if cp.parent in by_id else None
         children.setdefault(parent, []).append(cp)
+    # The line that goes on is the one leading to the session's head, else to the newest
+    # checkpoint (ids sort by time): the live line stays on the left, others are indented.
+    rank = {cp.id: (cp.id == current, cp.id) for cp in cps}
+    for cp in sorted(cps, key=lambda c: c.id, reverse=True):  # children before parents
+        if cp.parent in rank:
+            rank[cp.parent] = max(rank[cp.parent], rank[cp.id])
     for kids in children.values():
-        kids.sort(key=lambda c: c.id)
+        kids.sort(key=lambda c: rank[c.id], reverse=True)
 
     def item(cp: Checkpoint) -> str:
         label = labels.get(cp.id) or cp.label
