@@ -249,6 +249,7 @@ def run_demo(directory: Path | None, *, json_out: bool = False) -> dict[str, Any
     say("  stashpoint show HEAD")
     say(f"  stashpoint rewind {short(bad)} --files-only   # see the damage again")
     say("  stashpoint verify")
+    say("  stashpoint ui                                 # the same history in your browser")
     say(f"  cd {durable['workspace']} && stashpoint --session {durable['session']} tasks")
     say(f"\nThe store lives in {ws / '.stashpoint'} (SQLite + blobs).")
     out = {
