@@ -78,7 +78,9 @@ def _csrf(html: str) -> str:
 def test_every_request_needs_the_token_and_the_right_host(world: Any) -> None:
     store, root, _ids = world
     c = _client(store, root)
-    assert c.get("/").status_code == 401
+    refused = c.get("/")
+    assert refused.status_code == 401
+    assert store.url not in refused.text and "store" not in refused.text  # nothing to learn
     assert c.get("/", headers={"Authorization": "Bearer wrong-token-wrong"}).status_code == 401
     assert c.get("/?token=nearly" + TOKEN[6:]).status_code == 401
     r = c.get(f"/s/main?token={TOKEN}")
@@ -89,7 +91,8 @@ def test_every_request_needs_the_token_and_the_right_host(world: Any) -> None:
     bearer = TestClient(c.app, base_url=BASE)
     assert bearer.get("/", headers={"Authorization": f"Bearer {TOKEN}"}).status_code == 200
     # DNS rebinding: a name that resolves to 127.0.0.1 is still refused
-    assert c.get("/", headers={"Host": f"evil.example:{PORT}"}).status_code == 421
+    rebound = c.get("/", headers={"Host": f"evil.example:{PORT}"})
+    assert rebound.status_code == 421 and store.url not in rebound.text
     assert c.get("/", headers={"Host": "127.0.0.1:1"}).status_code == 421
     page = c.get("/")
     assert "frame-ancestors 'none'" in page.headers["content-security-policy"]

@@ -82,7 +82,7 @@ def copy_sessions(
             raise NotFoundError(f"session {name!r} has no checkpoints in {source.url}")
     if not names:
         raise NotFoundError(f"{source.url} has no sessions with checkpoints to copy")
-    report = CopyReport(_redact(source.url), _redact(dest.url))
+    report = CopyReport(printable_url(source.url), printable_url(dest.url))
     done = 0
     where = _temp_parent(source, dest)
     with tempfile.TemporaryDirectory(prefix=TMP_MARK, dir=where) as tmp:
@@ -147,7 +147,7 @@ def _temp_parent(source: Store, dest: Store) -> str | None:
     return None
 
 
-def _redact(url: str) -> str:
+def printable_url(url: str) -> str:
     """A URL fit to print: no password."""
     return re.sub(r"//([^:/@]+):[^@/]*@", r"//\1:***@", url)
 

@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import quote, urlencode
 
+from .copy import printable_url
 from .errors import StashpointError, UsageError
 
 if TYPE_CHECKING:
@@ -124,8 +125,9 @@ def create_app(
     def session(name: str) -> Session:
         return store.session(name, workspace=root, force=force)
 
-    def check(request: Request) -> str | None:
-        """None if the request may go on; else why not (raised as _Forbidden)."""
+    def check(request: Request) -> bool:
+        """Whether the request carries the token in its URL (to move it into a cookie); a
+        request that may not go on raises _Forbidden."""
         if request.headers.get("host", "") not in hosts:
             raise _Forbidden(421, "unexpected Host header (this server answers only on loopback)")
         given = request.cookies.get(COOKIE) or ""
@@ -134,10 +136,10 @@ def create_app(
             given = auth[7:].strip()
         fresh = request.query_params.get("token")
         if fresh is not None and hmac.compare_digest(fresh, token):
-            return "set-cookie"
+            return True
         if not given or not hmac.compare_digest(given, token):
             raise _Forbidden(401, "token required: open the URL `stashpoint ui` printed")
-        return None
+        return False
 
     async def check_post(request: Request) -> dict[str, str]:
         origin = request.headers.get("origin")
@@ -149,12 +151,14 @@ def create_app(
             raise _Forbidden(403, "missing or wrong CSRF field")
         return fields
 
-    def page(title: str, body: str, status: int = 200) -> Response:
+    shown_url = printable_url(store.url)
+
+    def page(title: str, body: str, status: int = 200, *, anonymous: bool = False) -> Response:
+        where = "" if anonymous else f" · <span class='muted'>{_e(shown_url)}</span>"
         doc = (
             "<!doctype html><html><head><meta charset='utf-8'>"
             f"<title>{_e(title)} · stashpoint</title><style>{_CSS}</style></head><body>"
-            "<header><a href='/'><b>stashpoint</b></a> · time-travel debugger · "
-            f"<span class='muted'>{_e(store.url)}</span></header>"
+            f"<header><a href='/'><b>stashpoint</b></a> · time-travel debugger{where}</header>"
             f"<main><h2>{_e(title)}</h2>{body}</main></body></html>"
         )
         return HTMLResponse(doc, status_code=status, headers=_SECURITY_HEADERS)
@@ -174,8 +178,10 @@ def create_app(
             try:
                 cookie = check(request)
                 fields = await check_post(request) if post else {}
-            except _Forbidden as exc:
-                return page("refused", f"<p class='error'>{_e(exc)}</p>", exc.status)
+            except _Forbidden as exc:  # says nothing of the store to whoever asked
+                return page(
+                    "refused", f"<p class='error'>{_e(exc)}</p>", exc.status, anonymous=True
+                )
             if cookie:  # the token leaves the address bar (history, logs, screenshots)
                 keep = {k: v for k, v in request.query_params.items() if k != "token"}
                 target = request.url.path + (f"?{urlencode(keep)}" if keep else "")
