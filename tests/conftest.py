@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 import stashpoint
+from stashpoint.testing.engine import tree_of
 
 STASHPOINT = [sys.executable, "-m", "stashpoint"]
 
@@ -62,20 +63,5 @@ def store(tmp_path: Path) -> Iterator[stashpoint.Store]:
     s.close()
 
 
-def snapshot_tree(root: Path) -> dict[str, tuple[str, int, bytes]]:
-    """Everything under ``root`` (minus .stashpoint and ignored build dirs the test names):
-    path -> (type, mode, content or link target)."""
-    out: dict[str, tuple[str, int, bytes]] = {}
-    for dirpath, dirnames, filenames in os.walk(root):
-        dirnames[:] = sorted(d for d in dirnames if d != ".stashpoint")
-        for name in [*dirnames, *filenames]:
-            p = Path(dirpath) / name
-            rel = str(p.relative_to(root))
-            st = p.lstat()
-            if p.is_symlink():
-                out[rel] = ("l", 0, os.readlink(p).encode())
-            elif p.is_dir():
-                out[rel] = ("d", st.st_mode & 0o7777, b"")
-            elif name != ".stashpoint":
-                out[rel] = ("f", st.st_mode & 0o7777, p.read_bytes())
-    return out
+snapshot_tree = tree_of
+"""Everything under a workspace but the store: path -> (type, mode, content or link target)."""

@@ -40,24 +40,37 @@ from .base import (
 
 __all__ = ["RedisStore"]
 
-# ARGV: prefix, id, session, branch, parent, body, digest, move_head, expected,
-#       log, start, new_log(0/1), log_parent, log_parent_len, n_msgs, n_blobs,
-#       check_epoch(0/1), gc_epoch, lease key ('' = unfenced), lease token,
-#       then n_msgs (chain..data) values, then n_blobs (digest, packed) pairs.
-_COMMIT = """
-local p = ARGV[1]
-if ARGV[19] ~= '' then
-  if redis.call('HGET', ARGV[19], 'token') ~= ARGV[20] then
-    return 'lease:' .. tostring(redis.call('HGET', ARGV[19], 'token'))
+_LEASE_CHECK = """
+-- nil if this write may go on; else why not. Fenced: the lease's token must still be ours.
+-- Unfenced: refused while anyone holds a live lease on the session.
+local function lease_refusal(key, fenced, token)
+  if fenced then
+    local now = redis.call('HGET', key, 'token')
+    if now ~= token then return 'lease:' .. tostring(now) end
+    return nil
   end
-else
-  local h = redis.call('HMGET', p .. 'lease:' .. ARGV[3], 'owner', 'expires')
+  local h = redis.call('HMGET', key, 'owner', 'expires')
   if h[1] then
     local t = redis.call('TIME')
     local left = tonumber(h[2]) - (tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000))
     if left > 0 then return 'held:' .. h[1] .. ':' .. tostring(left) end
   end
+  return nil
 end
+"""
+"""Shared by both scripts: the lease rules of one write, checked inside its atomic script."""
+
+# ARGV: prefix, id, session, branch, parent, body, digest, move_head, expected,
+#       log, start, new_log(0/1), log_parent, log_parent_len, n_msgs, n_blobs,
+#       check_epoch(0/1), gc_epoch, lease key ('' = unfenced), lease token,
+#       then n_msgs (chain..data) values, then n_blobs (digest, packed) pairs.
+_COMMIT = (
+    _LEASE_CHECK
+    + """
+local p = ARGV[1]
+local fenced = ARGV[19] ~= ''
+local refused = lease_refusal(fenced and ARGV[19] or (p .. 'lease:' .. ARGV[3]), fenced, ARGV[20])
+if refused then return refused end
 local id, session, branch, parent = ARGV[2], ARGV[3], ARGV[4], ARGV[5]
 local body, digest, move, expected = ARGV[6], ARGV[7], ARGV[8], ARGV[9]
 local log, start, newlog = ARGV[10], tonumber(ARGV[11]), ARGV[12]
@@ -104,23 +117,18 @@ if move == '1' then
 end
 return 'ok'
 """
+)
 
 # ARGV: prefix, log, start, new_log(0/1), session, log_parent, log_parent_len, lease key
 #       ('' = no lease check), lease token ('' = unfenced: refused while the lease is live),
 #       then entries.
-_APPEND = """
+_APPEND = (
+    _LEASE_CHECK
+    + """
 local p, log, start, newlog = ARGV[1], ARGV[2], tonumber(ARGV[3]), ARGV[4]
-if ARGV[8] ~= '' and ARGV[9] ~= '' then
-  if redis.call('HGET', ARGV[8], 'token') ~= ARGV[9] then
-    return 'lease:' .. tostring(redis.call('HGET', ARGV[8], 'token'))
-  end
-elseif ARGV[8] ~= '' then
-  local h = redis.call('HMGET', ARGV[8], 'owner', 'expires')
-  if h[1] then
-    local t = redis.call('TIME')
-    local left = tonumber(h[2]) - (tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000))
-    if left > 0 then return 'held:' .. h[1] .. ':' .. tostring(left) end
-  end
+if ARGV[8] ~= '' then
+  local refused = lease_refusal(ARGV[8], ARGV[9] ~= '', ARGV[9])
+  if refused then return refused end
 end
 if newlog == '1' then
   if redis.call('EXISTS', p .. 'log:' .. log) == 1 then return 'conflict:log' end
@@ -136,6 +144,7 @@ for i = 10, #ARGV do
 end
 return 'ok'
 """
+)
 
 # ARGV: prefix, before, then digest hexes. Claims marks still condemned at or before `before`
 # and deletes their blobs, atomically (a concurrent revival is a whole script or command).

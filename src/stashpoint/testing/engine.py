@@ -36,7 +36,8 @@ __all__ = ["EngineConformance", "tree_of"]
 
 
 def tree_of(root: Path) -> dict[str, tuple[str, int, bytes]]:
-    """Everything under ``root`` but the store: path -> (type, mode, content or target)."""
+    """Everything under ``root`` but the store (a ``.stashpoint`` directory or link file):
+    path -> (type, mode, content or link target)."""
     out: dict[str, tuple[str, int, bytes]] = {}
     for dirpath, dirnames, filenames in os.walk(root):
         dirnames[:] = sorted(d for d in dirnames if d != ".stashpoint")
@@ -48,7 +49,7 @@ def tree_of(root: Path) -> dict[str, tuple[str, int, bytes]]:
                 out[rel] = ("l", 0, os.readlink(p).encode())
             elif p.is_dir():
                 out[rel] = ("d", st.st_mode & 0o7777, b"")
-            else:
+            elif name != ".stashpoint":
                 out[rel] = ("f", st.st_mode & 0o7777, p.read_bytes())
     return out
 
