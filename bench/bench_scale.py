@@ -93,10 +93,22 @@ def _make_workspace(root: Path, seed: int) -> dict[Path, bytes]:
 
 
 def _touch(files: dict[Path, bytes], i: int, tag: str) -> None:
-    """Change exactly one file (round-robin); its new content names the step, so it differs."""
+    """Change exactly one file (round-robin); its new content names the step, so it differs.
+
+    The new content is never shorter than the old (the step number only grows), so it is
+    written over the old bytes without truncating first: the same file content as
+    ``write_bytes``, without a cost that belongs to this VM rather than to checkpointing (its
+    ext4 is mounted with ``discard``, and a truncating rewrite of a 2 KB file took ~0.1 ms of
+    CPU against ~0.01 ms for an overwrite, in the timed window of 8 processes on 2 cores while
+    the peer writes no file at all).
+    """
     paths = list(files)
     p = paths[i % len(paths)]
-    p.write_bytes(files[p] + f"# {tag} step {i}\n".encode())
+    data = files[p] + f"# {tag} step {i}\n".encode()
+    with open(p, "r+b") as f:
+        f.write(data)
+        if f.tell() < os.fstat(f.fileno()).st_size:
+            f.truncate()  # shorter than before (not in this workload): same content anyway
 
 
 # -- workers (run in spawned processes) ------------------------------------------------------

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import hashlib
 import os
+import time
 from pathlib import Path
 
 import pytest
 
 import stashpoint
 from stashpoint.errors import IntegrityError
+from stashpoint.workspace.statcache import WHOLE_SECOND_RACY_WINDOW_NS
 from stashpoint.model import TreeEntry
 from stashpoint.stores.base import BlobRow
 from stashpoint.workspace.scan import encode_tree
@@ -141,6 +143,8 @@ def test_a_racy_file_is_re_read_but_not_stored_again(
     ws = tmp_path / "ws"
     ws.mkdir()
     (ws / "notes.txt").write_text("just written\n")
+    now = time.time_ns() + 1_000  # "just": however slow this machine is (never a whole second)
+    os.utime(ws / "notes.txt", ns=(now, now))
     run = store.session("s", workspace=ws)
     first = run.checkpoint()
     assert run.workspace is not None
@@ -151,3 +155,31 @@ def test_a_racy_file_is_re_read_but_not_stored_again(
     (ws / "notes.txt").write_text("edited again\n")  # same size or not, a change is stored
     result, pending = run.workspace.scan()
     assert result.read_files == 1 and len(pending) >= 2  # the new content and its tree
+
+
+def test_a_whole_second_mtime_is_racy_for_seconds(tmp_path: Path, store: stashpoint.Store) -> None:
+    """On a filesystem that keeps whole seconds (ext3, HFS+, FAT), an edit in the same second
+    as the scan leaves the stat as it was: such a file stays racy for seconds, not one tick,
+    while a nanosecond mtime as old is trusted."""
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    coarse, fine = ws / "coarse.txt", ws / "fine.txt"
+    coarse.write_text("a\n")
+    fine.write_text("b\n")
+    second = time.time_ns() // 10**9 * 10**9  # this second, as a 1 s filesystem stamps it
+    os.utime(coarse, ns=(second, second))
+    half = time.time_ns() - 500_000_001  # half a second ago: old for a nanosecond clock
+    os.utime(fine, ns=(half, half))
+    run = store.session("s", workspace=ws)
+    run.checkpoint()
+    assert run.workspace is not None
+    result, _ = run.workspace.scan()
+    assert result.read_files == 1  # coarse.txt again; fine.txt came from the stat cache
+    assert time.time_ns() - second < WHOLE_SECOND_RACY_WINDOW_NS  # (still within its window)
+    before = time.time_ns() - WHOLE_SECOND_RACY_WINDOW_NS - 10**9
+    old_second = before // 10**9 * 10**9
+    os.utime(coarse, ns=(old_second, old_second))  # long enough ago: trusted after one read
+    run.workspace.scan()
+    run.workspace.save_cache()
+    result, _ = run.workspace.scan()
+    assert result.read_files == 0

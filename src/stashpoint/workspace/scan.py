@@ -25,7 +25,7 @@ from ..blobs.objects import BlobWriter
 from ..errors import StashpointError
 from ..model import TreeEntry
 from .ignore import ALWAYS_EXCLUDED, IGNORE_FILES, IgnoreContext
-from .statcache import RACY_WINDOW_NS, FileCacheEntry, StatCache, TreeCacheEntry
+from .statcache import FileCacheEntry, StatCache, TreeCacheEntry, is_racy, racy_after
 from .tree import TreeReader
 from .watch import Watcher
 
@@ -90,7 +90,8 @@ class Scanner:
         """Reads stored trees (watch mode) and remembers the trees this scan encodes."""
         self.exclude = exclude
         self.progress = progress
-        self._racy_after = time.time_ns() - RACY_WINDOW_NS
+        self._racy = racy_after(time.time_ns())
+        self._racy_after = self._racy[0]  # the hot loop's test; whole seconds: see is_racy
         self._result = ScanResult(b"")
 
     @property
@@ -210,7 +211,7 @@ class Scanner:
                     and hit[2] == st.st_ctime_ns
                     and hit[3] == st.st_ino
                     and hit[4] == mode
-                    and hit[1] < racy_after
+                    and hit[1] < racy_after  # a racy entry was cached with mtime -1 anyway
                 ):
                     new_files[crel] = hit
                     names.append(name)
@@ -254,7 +255,7 @@ class Scanner:
             for n, v in zip(names, found, strict=True)
         ]
         digest = self._store_tree(entries, cached[4] if cached is not None else None)
-        if dst.st_mtime_ns < self._racy_after:
+        if not is_racy(dst.st_mtime_ns, self._racy):
             self.new.trees[rel] = (*dkey, digest, nfiles, nbytes)
         else:
             # Racy: a scan may not infer "listing unchanged" from this stat (mtime -1 never
@@ -339,7 +340,7 @@ class Scanner:
                 self._result.read_bytes += size
                 if self.progress is not None:
                     self.progress(self._result.read_files, self._result.read_bytes)
-                racy = after.st_mtime_ns >= self._racy_after
+                racy = is_racy(after.st_mtime_ns, self._racy)
                 # A racy file is re-read next time (its stat may not change with its content:
                 # mtime -1 never matches), but its entry still says the name is not ignored.
                 self.new.files[rel] = (

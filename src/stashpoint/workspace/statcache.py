@@ -1,10 +1,13 @@
 """Persistent stat cache: which files are unchanged since the last scan, without reading them.
 
 An entry is trusted only when size, mtime_ns, ctime_ns, inode and mode all match, and only if the
-file was not "racy" when cached: a file modified within ``RACY_WINDOW_NS`` of the scan that
-cached it could be modified again within the same timestamp tick without its stat changing, so
-such files are simply not cached and get re-hashed next time (git's racy-git rule, simplified).
-ctime catches tools that restore mtime after an edit.
+file was not "racy" when cached: a file modified within one timestamp tick of the scan that
+cached it could be modified again within the same tick without its stat changing, so such files
+are cached with an mtime that never matches and get re-hashed next time (git's racy-git rule).
+The tick is the kernel's coarse clock (file times come from it), with a margin, unless the
+file's mtime is a whole second: then it may live on a filesystem that keeps only seconds
+(ext3, HFS+, FAT's two), and the window is seconds wide. ctime catches tools that restore mtime
+after an edit.
 
 The cache is a hint: a missing, stale or corrupt cache file only costs a re-hash, never
 correctness. It records the store id and GC epoch, so blobs it vouches for are known to exist.
@@ -12,8 +15,10 @@ correctness. It records the store id and GC epoch, so blobs it vouches for are k
 
 from __future__ import annotations
 
+import atexit
 import os
 import threading
+import time
 from pathlib import Path
 
 import msgspec
@@ -22,15 +27,51 @@ from .._fsutil import atomic_write
 
 __all__ = [
     "RACY_WINDOW_NS",
+    "WHOLE_SECOND_RACY_WINDOW_NS",
     "FileCacheEntry",
     "StatCache",
     "TreeCacheEntry",
     "flush_saves",
+    "is_racy",
     "load_shared",
+    "racy_after",
     "save_later",
 ]
 
-RACY_WINDOW_NS = 50_000_000
+
+def _coarse_tick_ns() -> int:
+    """The resolution of the clock the kernel stamps files with (Linux: CLOCK_REALTIME_COARSE,
+    one scheduler tick); elsewhere assume a coarse 10 ms."""
+    clock = getattr(time, "CLOCK_REALTIME_COARSE", None)
+    if clock is None:
+        return 10_000_000
+    try:
+        return int(time.clock_getres(clock) * 1e9)
+    except OSError:
+        return 10_000_000
+
+
+RACY_WINDOW_NS = max(10_000_000, 2 * _coarse_tick_ns())
+"""A file modified this recently is racy (2 ticks: a time read now can be up to a tick ahead
+of the time the kernel stamped a write made now). Was 50 ms: every file of an agent that
+checkpoints more often than that was re-read at every snapshot."""
+WHOLE_SECOND_RACY_WINDOW_NS = 3_000_000_000
+"""The window for an mtime with no sub-second part (a 1 s or 2 s filesystem, or a chance of
+one in a billion on a nanosecond one)."""
+_SECOND = 1_000_000_000
+
+
+def racy_after(now_ns: int) -> tuple[int, int]:
+    """(mtime from which a file is racy, the same for a whole-second mtime) for a scan that
+    starts at ``now_ns``; see :func:`is_racy`."""
+    return now_ns - RACY_WINDOW_NS, now_ns - WHOLE_SECOND_RACY_WINDOW_NS
+
+
+def is_racy(mtime_ns: int, after: tuple[int, int]) -> bool:
+    """Whether a stat with this mtime cannot vouch for the content read with it."""
+    return mtime_ns >= (after[0] if mtime_ns % _SECOND else after[1])
+
+
 _VERSION = 3
 
 FileCacheEntry = tuple[int, int, int, int, int, bytes]
@@ -117,6 +158,15 @@ _shared: dict[Path, tuple[StatCache, Stamp | None]] = {}
 """Path -> (cache, stamp of the file holding it; None while our write of it is pending)."""
 _queue: dict[Path, StatCache] = {}
 _writer: threading.Thread | None = None
+_work = threading.Condition(_lock)
+"""Notified when a cache is queued."""
+_done = threading.Condition(_lock)
+"""Notified when the queue is empty and nothing is being written."""
+_busy = False
+_IDLE_S = 5.0
+"""The writer thread ends after this long without work."""
+_made: set[Path] = set()
+"""Cache directories this process created or found (mkdir is a syscall per checkpoint)."""
 _KEEP = 16
 """Caches kept in memory (the most recently used workspaces of this process)."""
 
@@ -160,53 +210,71 @@ def load_shared(path: Path, store_id: str, epoch: str, root: str) -> StatCache:
 
 def save_later(path: Path, cache: StatCache) -> None:
     """Write ``cache`` to ``path`` on a background thread (a later save of the same path
-    replaces a pending one); this process uses the in-memory cache meanwhile. The thread is
-    not a daemon, so a process that exits normally writes its last cache first. The directory
-    is created now: the thread never re-creates a store directory removed in the meantime."""
+    replaces a pending one); this process uses the in-memory cache meanwhile. Pending writes
+    are finished at interpreter exit. The directory is created now (once per process and
+    path): the thread never re-creates a store directory removed in the meantime."""
     global _writer
-    try:
-        path.parent.mkdir(mode=0o700, exist_ok=True)
-    except OSError:
-        return  # the store is gone or read-only: the cache is only a hint
+    if path.parent not in _made:
+        try:
+            path.parent.mkdir(mode=0o700, exist_ok=True)
+        except OSError:
+            return  # the store is gone or read-only: the cache is only a hint
+        _made.add(path.parent)
     with _lock:
         _remember(path, cache, None)
         _queue[path] = cache
         if _writer is None:
+            # One thread that waits for work, not one per checkpoint: starting a thread
+            # (and waiting for it to run) cost ~0.05 ms of every checkpoint.
             _writer = threading.Thread(target=_write_pending, name="stashpoint-statcache")
+            _writer.daemon = True  # it idles; atexit (below) waits for its pending writes
             _writer.start()
+        else:
+            _work.notify()
 
 
 def _write_pending() -> None:
-    global _writer
+    global _writer, _busy
     while True:
         with _lock:
-            if not _queue:
-                _writer = None
-                return
+            while not _queue:
+                _done.notify_all()
+                if not _work.wait(_IDLE_S) and not _queue:
+                    if _writer is threading.current_thread():
+                        _writer = None
+                    return
             path, cache = _queue.popitem()
+            _busy = True
         try:
             cache.save(path, make_dirs=False)
             stamp = _stamp(path)
         except OSError:
             stamp = None  # a hint: failing to write it only costs a re-hash later
         with _lock:
+            _busy = False
             got = _shared.get(path)
             if stamp is not None and got is not None and got[0] is cache and path not in _queue:
                 _shared[path] = (cache, stamp)
 
 
-def flush_saves() -> None:
+def flush_saves(timeout: float | None = None) -> None:
     """Wait until every cache handed to :func:`save_later` is written."""
     with _lock:
-        writer = _writer
-    if writer is not None and writer is not threading.current_thread():
-        writer.join()
+        if _writer is None or _writer is threading.current_thread():
+            return
+        _done.wait_for(lambda: not _queue and not _busy, timeout)
+
+
+atexit.register(flush_saves, 10.0)
 
 
 def _after_fork() -> None:  # the writer thread does not exist in a child process
-    global _lock, _writer
+    global _lock, _writer, _work, _done, _busy
     _lock = threading.Lock()
+    _work = threading.Condition(_lock)
+    _done = threading.Condition(_lock)
     _writer = None
+    _busy = False
     _queue.clear()
     _shared.clear()
 
