@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
-__all__ = ["TMP_MARK", "atomic_file", "atomic_write", "fsync_dir"]
+__all__ = ["TMP_MARK", "atomic_file", "atomic_write", "fsync_dir", "write_parts"]
 
 TMP_MARK = ".stashpoint-tmp-"
 """Every temporary file stashpoint creates has this in its name, so leftovers can be found."""
@@ -48,12 +48,39 @@ def atomic_file(path: Path, *, mode: int = 0o600, durable: bool = True) -> Itera
         fsync_dir(path.parent)
 
 
-def atomic_write(path: Path, data: bytes, *, mode: int = 0o600, durable: bool = True) -> None:
-    """Write ``data`` to ``path`` by :func:`atomic_file`'s protocol."""
+def atomic_write(
+    path: Path, data: bytes | Sequence[bytes], *, mode: int = 0o600, durable: bool = True
+) -> None:
+    """Write ``data`` (or the concatenation of its parts, gathered by ``writev`` without
+    joining them in memory first) to ``path`` by :func:`atomic_file`'s protocol."""
     with atomic_file(path, mode=mode, durable=durable) as fd:
-        view = memoryview(data)
-        while view:
-            view = view[os.write(fd, view) :]
+        if isinstance(data, bytes):
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view) :]
+        else:
+            write_parts(fd, data)
+
+
+_IOV_MAX = 1024  # POSIX guarantees at least 16; Linux and macOS allow 1024
+
+
+def write_parts(fd: int, parts: Sequence[bytes]) -> None:
+    """Write every part, in order, with as few syscalls as ``writev`` allows."""
+    pending = [memoryview(p) for p in parts if p]
+    i = 0
+    while i < len(pending):
+        batch = pending[i : i + _IOV_MAX]
+        n = os.writev(fd, batch)
+        if n <= 0:
+            raise OSError(f"writev wrote {n} bytes")
+        for view in batch:  # skip what was written; a partial part is resumed
+            if n >= len(view):
+                n -= len(view)
+                i += 1
+            else:
+                pending[i] = view[n:]
+                break
 
 
 def sweep_temp_files(

@@ -117,7 +117,7 @@ class LocalBlobStore:
         header = _MAGIC + bytes([codec]) + size.to_bytes(8, "big")
         self._write(path, header + data)
 
-    def _write(self, path: Path, data: bytes) -> None:
+    def _write(self, path: Path, data: bytes | list[bytes]) -> None:
         """The write protocol of SPEC §5; a full or failing disk is a clear StoreError (the
         temp file is gone, nothing refers to the path yet: retry once there is space)."""
         try:
@@ -152,7 +152,7 @@ class LocalBlobStore:
         for part in parts:
             spans.append((offset, len(part)))
             offset += len(part)
-        self._write(path, b"".join([_PACK_MAGIC, *parts]))
+        self._write(path, [_PACK_MAGIC, *parts])  # gathered, not joined: no copy of the pack
         return spans
 
     def read_packed(self, name: str, offset: int, length: int) -> bytes:

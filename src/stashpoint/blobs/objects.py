@@ -131,9 +131,17 @@ class Blobs:
         reading and hashing, the other compressing (wall time ~ the larger of the two).
         Batches, not single blobs: a future per 10 KB file costs more than it saves.
         """
+        return self._workers().submit(lambda: [self.encode(d, data) for d, data in items])
+
+    def pack_later(self, rows: list[BlobRow]) -> Future[list[BlobRow]]:
+        """:meth:`pack` on a worker thread: a large snapshot goes on walking and reading while
+        its previous 32 MB are written and fsynced (which release the GIL)."""
+        return self._workers().submit(self.pack, rows)
+
+    def _workers(self) -> ThreadPoolExecutor:
         if self._pool is None:
             self._pool = ThreadPoolExecutor(max_workers=max(1, min(4, os.cpu_count() or 1)))
-        return self._pool.submit(lambda: [self.encode(d, data) for d, data in items])
+        return self._pool
 
     # -- encoding -------------------------------------------------------------------------
     def encode(self, digest: bytes, data: bytes) -> BlobRow:
@@ -304,6 +312,8 @@ class BlobWriter:
         self._pending_bytes = 0
         self._seen: set[bytes] = set()
         self._chunk_lists: list[BlobRow] = []
+        self._packing: list[Future[list[BlobRow]]] = []
+        """Packs being written by a worker thread: their rows are sent once they are durable."""
 
     def add(self, data: bytes, digest: bytes | None = None) -> bytes:
         """Queue a small blob; returns its digest. Encoding waits until we know it is new."""
@@ -319,7 +329,7 @@ class BlobWriter:
             self._jobs.append(self.blobs.encode_later(self._batch))
             self._batch, self._batch_bytes = [], 0
         if self._pending_bytes >= _FLUSH_BYTES:
-            self.flush()
+            self._stream()
         return digest
 
     def add_file(self, fd: int, size_hint: int, known: bytes | None = None) -> tuple[bytes, int]:
@@ -431,7 +441,7 @@ class BlobWriter:
             local.put(digest, row.codec, row.size, row.data)  # revives it if condemned
         return digest
 
-    def _encode_new(self) -> list[BlobRow]:
+    def _encode_new(self, *, pack_later: bool = False) -> list[BlobRow]:
         """The queued blobs the store does not have yet, encoded (one existence query).
 
         Batches already handed to the compression thread come back encoded; the last,
@@ -458,19 +468,38 @@ class BlobWriter:
         )
         rows = [r for r in encoded if r.digest not in have]
         rows += [self.blobs.encode(d, data) for d, data in raw if d not in have]
-        rows = self.blobs.pack(rows)
+        if pack_later:
+            self._packing.append(self.blobs.pack_later(rows))
+            rows = []
+        else:
+            rows = self.blobs.pack(rows)
         rows += [r for r in lists if r.digest not in have]
         return rows
 
+    def _packed(self) -> list[BlobRow]:
+        """The rows of every pack handed to a worker, once each is durable (SPEC 5: blobs
+        before the rows naming them); a failed write raises here."""
+        jobs, self._packing = self._packing, []
+        return [r for job in jobs for r in job.result()]
+
+    def _stream(self) -> None:
+        """Send what is queued while a large snapshot goes on: its pack is written by a worker
+        thread, and its rows go out with the next stream, flush or checkpoint, so reading
+        and writing overlap."""
+        rows = self._packed() + self._encode_new(pack_later=True)
+        if rows:
+            self.blobs.meta.put_blobs(rows)
+
     def flush(self) -> None:
-        """Write queued blobs now, in their own transaction (large snapshots stream out)."""
-        rows = self._encode_new()
+        """Write queued blobs now, in their own transaction: all of them are recorded when
+        this returns."""
+        rows = self._packed() + self._encode_new()
         if rows:
             self.blobs.meta.put_blobs(rows)
 
     def take_pending(self) -> list[BlobRow]:
         """Hand the queued rows to a checkpoint commit instead of writing them separately."""
-        return self._encode_new()
+        return self._packed() + self._encode_new()
 
 
 def _read_all(fd: int, n: int) -> bytes:
