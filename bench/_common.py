@@ -269,9 +269,9 @@ class Config:
 class Gap:
     """Keeps every snapshot at least ``seconds`` after the previous one (no longer).
 
-    The stat cache distrusts files modified within 50 ms of the scan that cached them; 0.1 s
-    between snapshots is what an agent turn takes at the very least, and sleeping longer
-    would only flatter stashpoint.
+    The stat cache distrusts files modified within two kernel clock ticks (~10 ms) of the scan
+    that cached them; 0.1 s between snapshots is what an agent turn takes at the very least,
+    and sleeping longer would only flatter stashpoint.
     """
 
     def __init__(self, seconds: float = 0.1) -> None:

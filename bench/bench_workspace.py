@@ -5,7 +5,7 @@ How the comparison is kept fair and honest:
 - Both tools see exactly the same changes: each round edits K files, stashpoint snapshots at
   once (as an agent hook would), then git commits the same edit.
 - The previous stashpoint snapshot is at least 0.1 s old when a round starts (``Gap``), never
-  older on purpose. Files edited right before a snapshot fall in the stat cache's 50 ms racy
+  older on purpose. Files edited right before a snapshot fall in the stat cache's racy
   window, so stashpoint re-hashes them once more at the next snapshot: that is the steady state
   of a hook, and the "files read" row shows it.
 - ``os.sync()`` before every timed operation, so no one pays for an earlier writer's writeback;
@@ -351,9 +351,9 @@ def run(cfg: Config) -> dict[str, Any]:
         "same store); a snapshot re-reads only directories with events. SPEC bar <= 0.15x git "
         "with 1 changed; the CLI has no watcher (one process per command)",
         "files read per API snapshot: the K files just edited plus the K edited before the "
-        "previous snapshot (they were inside its 50 ms racy window, so not cached): the honest "
-        "steady state of an in-process agent. A CLI snap starts ~0.1-0.2 s after the edit, "
-        "past that window",
+        "previous snapshot (they were inside its racy window, two kernel clock ticks, so not "
+        "cached): the honest steady state of an in-process agent. A CLI snap starts "
+        "~0.1-0.2 s after the edit, past that window",
         f"reps: first snapshot x{cfg.reps_first}, incremental x{2 * cfg.reps} per interface, "
         f"rewind x{cfg.reps}; medians",
     ]
