@@ -265,3 +265,22 @@ def test_stashpoint_ui_in_a_headless_browser(sp: Any, tmp_path: Path) -> None:
             server.kill()
             _out, err = server.communicate()
     assert server.returncode in (0, -signal.SIGINT), err
+
+
+def test_the_sessions_page_is_paged(tmp_path: Path) -> None:
+    """A store with more sessions than a page shows them a page at a time, with links."""
+    store = stashpoint.open(tmp_path / "store")
+    names = [f"s{i:03}" for i in range(53)]
+    for name in names:
+        store.session(name).checkpoint({"n": name})
+    c = _client(store, None)
+    c.get(f"/?token={TOKEN}")
+    first = c.get("/").text
+    assert "/s/s000" in first and "/s/s049" in first and "/s/s050" not in first
+    assert "sessions 1-50 of 53" in first and "href='/?page=2'" in first
+    second = c.get("/?page=2").text
+    assert all(f"/s/{n}" in second for n in names[50:]) and "/s/s049" not in second
+    assert "href='/?page=1'" in second and "page=3" not in second
+    assert c.get("/?page=3").status_code == 404
+    assert c.get("/?page=x").status_code == 400
+    store.close()

@@ -70,6 +70,10 @@ form.inline{display:inline}button{margin:.1em .3em}.muted{color:#6e7781}
 """
 
 
+_PER_PAGE = 50
+"""Sessions listed per page of the sessions page."""
+
+
 def new_token() -> str:
     """A fresh random token (printed once; the URL carries it to the browser)."""
     return secrets.token_urlsafe(24)
@@ -203,8 +207,18 @@ def create_app(
 
     # -- pages ---------------------------------------------------------------------------
     def sessions_page(request: Request) -> Response:
+        names = sorted(store.sessions())
+        try:
+            at = max(0, int(request.query_params.get("page", "1")) - 1)
+        except ValueError:
+            raise UsageError("page must be a number") from None
+        # Each row reads the session's heads, head record, journal and checkpoint list: a
+        # page of them, not every session of a store that holds thousands.
+        shown = names[at * _PER_PAGE : (at + 1) * _PER_PAGE]
+        if names and not shown:
+            return page("sessions", f"<p>No page {at + 1}: {len(names)} sessions.</p>", 404)
         rows = []
-        for name in store.sessions():
+        for name in shown:
             s = session(name)
             heads = s.branches()
             head = s.head
@@ -221,6 +235,14 @@ def create_app(
             "<table><tr><th>session</th><th>branches</th><th>checkpoints</th>"
             "<th>last checkpoint (UTC)</th><th></th></tr>" + "".join(rows) + "</table>"
         )
+        if len(names) > _PER_PAGE:
+            last = (len(names) - 1) // _PER_PAGE
+            links = [f"sessions {at * _PER_PAGE + 1}-{at * _PER_PAGE + len(shown)} of {len(names)}"]
+            if at > 0:
+                links.append(f"<a href='/?page={at}'>previous</a>")
+            if at < last:
+                links.append(f"<a href='/?page={at + 2}'>next</a>")
+            table += "<p>" + " · ".join(links) + "</p>"
         return page("sessions", table)
 
     def session_page(request: Request) -> Response:
