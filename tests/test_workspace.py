@@ -236,3 +236,31 @@ def test_a_snapshot_larger_than_a_flush_streams_through_packs_written_alongside(
     ws.mkdir()
     run.rewind(cp.id)
     assert snapshot_tree(ws) == before
+
+
+@pytest.mark.parametrize("kind", ["sqlite", "file"])
+def test_every_directory_and_file_a_store_creates_is_private(tmp_path: Path, kind: str) -> None:
+    """SPEC 5: store files 0600, and no directory of the store readable by others either
+    (blob fan-out directories were created 0755 by ``mkdir(parents=True)``)."""
+    import stat as stat_mod
+
+    ws = tmp_path / "ws"
+    (ws / "sub").mkdir(parents=True)
+    (ws / "sub" / "big.bin").write_bytes(os.urandom((1 << 20) + 10))  # chunk files
+    (ws / "small.txt").write_text("x\n")
+    home = tmp_path / "store"
+    url = str(home) if kind == "sqlite" else f"file://{home}"
+    umask = os.umask(0o022)  # the usual one: what mkdir would otherwise leave 0755
+    try:
+        with stashpoint.open(url) as store:
+            store.session("s", workspace=ws).checkpoint({"k": 1})
+    finally:
+        os.umask(umask)
+    paths = [home, *home.rglob("*")]
+    assert any(p.is_dir() and p.parent != home for p in paths[1:])  # fan-out levels exist
+    loose = {
+        str(p.relative_to(home)): oct(p.lstat().st_mode & 0o777)
+        for p in paths
+        if p.lstat().st_mode & 0o077 and not stat_mod.S_ISLNK(p.lstat().st_mode)
+    }
+    assert loose == {}

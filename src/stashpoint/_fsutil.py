@@ -7,10 +7,22 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
-__all__ = ["TMP_MARK", "atomic_file", "atomic_write", "fsync_dir", "write_parts"]
+__all__ = ["TMP_MARK", "atomic_file", "atomic_write", "fsync_dir", "mkdir_private", "write_parts"]
 
 TMP_MARK = ".stashpoint-tmp-"
 """Every temporary file stashpoint creates has this in its name, so leftovers can be found."""
+
+
+def mkdir_private(path: Path) -> None:
+    """Create ``path`` and its missing parents, each 0700 (``Path.mkdir(parents=True)`` gives
+    the parents the umask's mode: a blob fan-out directory came out 0755)."""
+    try:
+        path.mkdir(mode=0o700, exist_ok=True)
+    except FileNotFoundError:
+        if path.parent == path:
+            raise
+        mkdir_private(path.parent)
+        path.mkdir(mode=0o700, exist_ok=True)
 
 
 def fsync_dir(path: str | os.PathLike[str]) -> None:

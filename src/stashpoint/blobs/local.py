@@ -23,7 +23,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from .._fsutil import atomic_write, fsync_dir
+from .._fsutil import atomic_write, fsync_dir, mkdir_private
 from ..errors import IntegrityError, StoreError
 
 __all__ = ["LocalBlobStore", "PackMissing"]
@@ -121,7 +121,7 @@ class LocalBlobStore:
         """The write protocol of SPEC §5; a full or failing disk is a clear StoreError (the
         temp file is gone, nothing refers to the path yet: retry once there is space)."""
         try:
-            path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+            mkdir_private(path.parent)
             atomic_write(path, data, durable=self.durable)
         except OSError as exc:
             raise StoreError(

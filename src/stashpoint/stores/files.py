@@ -49,7 +49,7 @@ from typing import Any
 
 import msgspec
 
-from .._fsutil import TMP_MARK, fsync_dir, sweep_temp_files
+from .._fsutil import TMP_MARK, fsync_dir, mkdir_private, sweep_temp_files
 from ..errors import ConflictError, IntegrityError, SchemaVersionError, StoreError, UsageError
 from .base import (
     GC_EPOCH_KEY,
@@ -192,7 +192,7 @@ class FileStore(MetadataStore):
                 if data is None:
                     continue
                 if not path.parent.is_dir():
-                    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+                    mkdir_private(path.parent)
                     dirs.add(path.parent.parent)  # its new entry must reach the disk too
                 tmp = path.parent / f"{TMP_MARK}{path.name}.{os.getpid()}"
                 fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)

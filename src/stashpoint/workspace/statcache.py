@@ -23,7 +23,7 @@ from pathlib import Path
 
 import msgspec
 
-from .._fsutil import atomic_write
+from .._fsutil import atomic_write, mkdir_private
 
 __all__ = [
     "RACY_WINDOW_NS",
@@ -139,7 +139,7 @@ class StatCache:
             list(self.trees.values()),
         )
         if make_dirs:
-            path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+            mkdir_private(path.parent)
         # Not fsynced: losing the cache costs a re-hash, never a wrong snapshot.
         atomic_write(path, msgspec.msgpack.encode(disk), durable=False)
 
