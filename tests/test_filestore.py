@@ -325,3 +325,40 @@ def test_a_commit_that_fails_for_lack_of_space_is_not_applied_later(
     again = run.checkpoint({"i": 2})  # the retry is the one and only second checkpoint
     assert again.parent == first.id
     store.close()
+
+
+def test_a_failure_after_some_renames_says_the_write_will_complete(
+    tmp_path: Path, monkeypatch: Any
+) -> None:
+    """EIO on the second rename of a commit: some files are already replaced, so the commit
+    cannot be undone. The error says it will be completed (not "failed"), and the next write
+    completes it: the checkpoint is then in the history, once."""
+    import errno
+    import os
+
+    from stashpoint.errors import StoreError
+
+    store = stashpoint.open(f"file://{tmp_path / 'fs'}")
+    run = store.session("job")
+    first = run.checkpoint({"i": 1})
+    real_replace = os.replace
+    calls = {"n": 0}
+
+    def failing_replace(src: Any, dst: Any, **kw: Any) -> None:
+        if "txn.json" not in os.fspath(dst):
+            calls["n"] += 1
+            if calls["n"] == 2:
+                raise OSError(errno.EIO, "Input/output error")
+        real_replace(src, dst, **kw)
+
+    monkeypatch.setattr(os, "replace", failing_replace)
+    with pytest.raises(StoreError, match="completed by the next write or open"):
+        run.checkpoint({"i": 2})
+    monkeypatch.undo()
+    assert (tmp_path / "fs" / "txn.json").exists()
+    store.meta.set_label(first.id, "job", "kept")  # the next write completes the commit
+    assert not (tmp_path / "fs" / "txn.json").exists()
+    history = stashpoint.open(f"file://{tmp_path / 'fs'}").session("job").history()
+    assert len(history) == 2 and history[-1].id == first.id
+    assert history[0].parent == first.id
+    store.close()

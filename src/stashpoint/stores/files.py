@@ -240,6 +240,16 @@ class FileStore(MetadataStore):
             if len(writes) > 1:
                 self._unlink("txn.json")
             raise
+        except StoreError as exc:
+            if len(writes) == 1:
+                raise
+            # Some files were replaced: the write is decided and will be completed from
+            # txn.json. Say so, so a caller does not write it a second time.
+            raise StoreError(
+                f"{exc}; the write was recorded in {self.root / 'txn.json'} and is completed "
+                "by the next write or open of this store: check the history before writing "
+                "it again"
+            ) from exc
         if len(writes) > 1:
             self._unlink("txn.json")
 
