@@ -264,3 +264,51 @@ def test_every_directory_and_file_a_store_creates_is_private(tmp_path: Path, kin
         if p.lstat().st_mode & 0o077 and not stat_mod.S_ISLNK(p.lstat().st_mode)
     }
     assert loose == {}
+
+
+def test_a_rewind_reads_packed_files_in_one_batch_and_still_checks_them(
+    tmp_path: Path, store: stashpoint.Store, monkeypatch: Any
+) -> None:
+    """A rewind of many small packed files fetches their rows in one query and opens each
+    pack once (not once per file); the content is still checked against its digest, and a
+    damaged entry stops the rewind before it writes anything."""
+    import random
+
+    from stashpoint.blobs.local import LocalBlobStore
+
+    ws = tmp_path / "ws"
+    rng = random.Random(3)
+    for i in range(300):  # > 1 MB of small files: the first snapshot packs them
+        (ws / f"d{i % 10}").mkdir(parents=True, exist_ok=True)
+        (ws / f"d{i % 10}" / f"f{i}.bin").write_bytes(rng.randbytes(4000))
+    run = store.session("s", workspace=ws)
+    base = run.checkpoint()
+    before = snapshot_tree(ws)
+    for i in range(0, 300, 3):
+        (ws / f"d{i % 10}" / f"f{i}.bin").write_bytes(b"changed")
+    one_by_one: list[str] = []
+    real = LocalBlobStore.read_packed
+
+    def counting(self: Any, name: str, offset: int, length: int) -> bytes:
+        one_by_one.append(name)
+        return real(self, name, offset, length)
+
+    monkeypatch.setattr(LocalBlobStore, "read_packed", counting)
+    run.rewind(base.id)
+    assert snapshot_tree(ws) == before
+    assert one_by_one == []  # every packed file came from the batch
+    monkeypatch.undo()
+
+    assert store.home is not None
+    (pack,) = (store.home / "blobs" / "packs").glob("*.pack")
+    data = bytearray(pack.read_bytes())
+    for at in range(len(data) // 3, len(data), 997):  # damage in every later entry
+        data[at] ^= 0xFF
+    pack.chmod(0o600)
+    pack.write_bytes(bytes(data))
+    for i in range(0, 300, 3):
+        (ws / f"d{i % 10}" / f"f{i}.bin").write_bytes(b"changed again")
+    edited = snapshot_tree(ws)
+    with pytest.raises((IntegrityError, stashpoint.StashpointError)):
+        store.session("s", workspace=ws).rewind(base.id)
+    assert snapshot_tree(ws) == edited  # nothing was written

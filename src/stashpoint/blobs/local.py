@@ -166,6 +166,20 @@ class LocalBlobStore:
             raise IntegrityError(f"pack {name} is truncated")
         return data
 
+    def read_packed_many(self, name: str, spans: list[tuple[int, int]]) -> list[bytes]:
+        """Several entries of one pack, with one open (a restore reads many files per pack)."""
+        try:
+            fd = os.open(self._pack_path(name), os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+        except FileNotFoundError:
+            raise PackMissing(f"pack {name} is missing") from None
+        try:
+            out = [os.pread(fd, length, offset) for offset, length in spans]
+        finally:
+            os.close(fd)
+        if any(len(data) != length for data, (_o, length) in zip(out, spans, strict=True)):
+            raise IntegrityError(f"pack {name} is truncated")
+        return out
+
     def packs(self) -> dict[str, tuple[int, float]]:
         """Pack name -> (file size, mtime) of every pack file."""
         out: dict[str, tuple[int, float]] = {}

@@ -27,7 +27,7 @@ import hashlib
 import os
 import struct
 import threading
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from enum import IntEnum
 from typing import TYPE_CHECKING, NamedTuple
@@ -268,13 +268,40 @@ class Blobs:
         reader of many small state values wants); others are read one by one."""
         rows = self.meta.get_blobs(digests)
         out: dict[bytes, bytes] = {}
+        self._read_packs(rows, out)
         for d in digests:
+            if d in out:
+                continue
             row = rows.get(d)
-            if row is not None and row.codec in (BlobCodec.RAW, BlobCodec.ZSTD):
-                out[d] = self._decode(d, row.codec, row.size, row.data)
-            else:
-                out[d] = self.read(d)
+            if row is not None and row.codec != BlobCodec.CHUNKS:
+                try:  # inline, sealed or packed: decoded from the row already fetched
+                    out[d] = self._decode(d, row.codec, row.size, row.data)
+                    continue
+                except PackMissing:  # repacked by a GC since: read its row again
+                    pass
+            out[d] = self.read(d)
         return out
+
+    def _read_packs(self, rows: Mapping[bytes, BlobRow], out: dict[bytes, bytes]) -> None:
+        """Decode the packed rows among ``rows`` into ``out``, one open per pack file (where
+        the blob directory can); what cannot be read this way is left to the caller."""
+        many = getattr(self.local, "read_packed_many", None)
+        if many is None:
+            return
+        by_pack: dict[str, list[tuple[BlobRow, PackPointer]]] = {}
+        for row in rows.values():
+            if row.codec == BlobCodec.PACKED:
+                p = parse_pointer(row.data)
+                if p is not None and p.codec & ~SEALED in (BlobCodec.RAW, BlobCodec.ZSTD):
+                    by_pack.setdefault(p.pack, []).append((row, p))
+        for name, items in by_pack.items():
+            try:
+                datas = many(name, [(p.offset, p.length) for _r, p in items])
+            except (PackMissing, IntegrityError):
+                continue  # one by one, with the usual re-read and errors
+            for (row, p), data in zip(items, datas, strict=True):
+                codec, frame = self.open_frame(row.digest, p.codec, data)
+                out[row.digest] = self.inflate(row.digest, codec, row.size, frame)
 
     def has(self, digests: Iterable[bytes]) -> set[bytes]:
         """Which blobs exist and may be relied on (condemned ones count as absent)."""

@@ -112,6 +112,11 @@ if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_after_fork)
 
 
+_PREFETCH_BYTES = 64 << 20
+"""Content read ahead by one restore, at most."""
+_PREFETCH_MAX_FILE = 1 << 20
+
+
 class RestoreBlocked(UsageError):
     """The target has a file or link where the workspace has a directory that still holds
     ignored files, which a restore never touches: the user must move them first (as git
@@ -136,9 +141,41 @@ class Restorer:
         self.touched: list[tuple[bytes, TreeEntry | None]] = []
         """Every path the restore changed, with what it should now be (None: gone)."""
         self._releaser = _Releaser()
+        self._prefetched: dict[bytes, bytes] = {}
+
+    def _prefetch(self, current: bytes | None, target: bytes) -> None:
+        """Read the small files the restore will write in one batch before writing any:
+        one query for all their rows instead of one per file (a rewind of 110 files spent
+        ~0.1 ms a file fetching). Bounded: what does not fit is read file by file."""
+        wanted: list[bytes] = []
+        budget = _PREFETCH_BYTES
+
+        def walk(cur_ref: bytes | None, tgt_ref: bytes) -> None:
+            nonlocal budget
+            cur = self.reader.load(cur_ref) if cur_ref is not None else {}
+            tgt = self.reader.load(tgt_ref)
+            for name, t in tgt.items():
+                c = cur.get(name)
+                if c == t:
+                    continue
+                if t.kind == "d":
+                    walk(c.ref if c is not None and c.kind == "d" else None, t.ref)
+                elif (
+                    t.kind == "f"
+                    and (c is None or c.kind != "f" or c.ref != t.ref)
+                    and t.size <= min(_PREFETCH_MAX_FILE, budget)
+                ):
+                    wanted.append(t.ref)
+                    budget -= t.size
+
+        if current != target:
+            walk(current, target)
+        if wanted:
+            self._prefetched = self.blobs.read_many(list(dict.fromkeys(wanted)))
 
     def apply(self, root: bytes, current: bytes | None, target: bytes) -> RestoreStats:
         """Turn ``root`` (whose content is tree ``current``) into tree ``target``."""
+        self._prefetch(current, target)
         fd = os.open(root, _DIR_FLAGS)
         try:
             self._sync(fd, current, target, b"")
@@ -253,7 +290,9 @@ class Restorer:
             fd = os.open(tmp, flags, 0o600, dir_fd=dfd)
         try:
             try:
-                for part in self.blobs.iter_content(entry.ref):
+                got = self._prefetched.get(entry.ref)
+                parts = (got,) if got is not None else self.blobs.iter_content(entry.ref)
+                for part in parts:
                     view = memoryview(part)
                     while view:
                         view = view[os.write(fd, view) :]
