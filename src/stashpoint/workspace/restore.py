@@ -159,7 +159,10 @@ class Restorer:
                 if c == t:
                     continue
                 if t.kind == "d":
-                    walk(c.ref if c is not None and c.kind == "d" else None, t.ref)
+                    if c is None or c.kind != "d":
+                        walk(None, t.ref)
+                    elif c.ref != t.ref:  # (only its mode differs otherwise)
+                        walk(c.ref, t.ref)
                 elif (
                     t.kind == "f"
                     and (c is None or c.kind != "f" or c.ref != t.ref)
