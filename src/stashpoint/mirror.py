@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import json
 import warnings
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -359,6 +359,16 @@ class _FallbackBlobs(Blobs):
 
     mirror: Blobs | None
     label: str
+
+    def read_many(self, digests: Sequence[bytes]) -> dict[bytes, bytes]:
+        """The batch read (a restore's prefetch); if any blob fails on the primary, each is
+        read again through :meth:`iter_content`, which falls back to the mirror."""
+        try:
+            return super().read_many(digests)
+        except (IntegrityError, NotFoundError, StoreError):
+            if self.mirror is None:
+                raise
+            return {d: self.read(d) for d in digests}
 
     def iter_content(self, digest: bytes) -> Iterator[bytes]:
         sent = 0
