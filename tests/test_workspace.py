@@ -312,3 +312,29 @@ def test_a_rewind_reads_packed_files_in_one_batch_and_still_checks_them(
     with pytest.raises((IntegrityError, stashpoint.StashpointError)):
         store.session("s", workspace=ws).rewind(base.id)
     assert snapshot_tree(ws) == edited  # nothing was written
+
+
+def test_stat_cache_saves_in_a_burst_are_written_once_and_flushed_on_demand(
+    tmp_path: Path, monkeypatch: Any
+) -> None:
+    """Caches saved back to back (an agent checkpointing in a burst) are written once, the
+    newest; ``flush_saves`` (also run at exit) writes at once instead of waiting for quiet."""
+    from stashpoint.workspace import statcache
+
+    writes: list[int] = []
+    real = statcache.StatCache.save
+
+    def counting(self: Any, path: Path, **kw: Any) -> None:
+        writes.append(len(self.files))
+        real(self, path, **kw)
+
+    monkeypatch.setattr(statcache.StatCache, "save", counting)
+    path = tmp_path / "cache" / "stat.bin"
+    for n in (1, 2, 3):
+        cache = statcache.StatCache("store", "0", str(tmp_path))
+        cache.files = {f"f{i}".encode(): (1, 1, 1, 1, 0o100644, b"d" * 32) for i in range(n)}
+        statcache.save_later(path, cache)
+    statcache.flush_saves(5.0)
+    assert writes == [3]
+    loaded = statcache.StatCache.load(path, "store", "0", str(tmp_path))
+    assert len(loaded.files) == 3

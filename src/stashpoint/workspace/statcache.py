@@ -163,8 +163,14 @@ _work = threading.Condition(_lock)
 _done = threading.Condition(_lock)
 """Notified when the queue is empty and nothing is being written."""
 _busy = False
+_hurry = False
+_last_save = 0.0
 _IDLE_S = 5.0
 """The writer thread ends after this long without work."""
+_QUIET_S = 0.05
+"""A cache is written once no new one came for this long: encoding 10k entries holds the GIL
+for ~3 ms, which a rewind's next commit (right after its safety checkpoint) waited for; and an
+agent checkpointing in a burst gets one write, not one per checkpoint. Exit writes at once."""
 _made: set[Path] = set()
 """Cache directories this process created or found (mkdir is a syscall per checkpoint)."""
 _KEEP = 16
@@ -213,7 +219,7 @@ def save_later(path: Path, cache: StatCache) -> None:
     replaces a pending one); this process uses the in-memory cache meanwhile. Pending writes
     are finished at interpreter exit. The directory is created now (once per process and
     path): the thread never re-creates a store directory removed in the meantime."""
-    global _writer
+    global _writer, _last_save
     if path.parent not in _made:
         try:
             path.parent.mkdir(mode=0o700, exist_ok=True)
@@ -223,6 +229,7 @@ def save_later(path: Path, cache: StatCache) -> None:
     with _lock:
         _remember(path, cache, None)
         _queue[path] = cache
+        _last_save = time.monotonic()
         if _writer is None:
             # One thread that waits for work, not one per checkpoint: starting a thread
             # (and waiting for it to run) cost ~0.05 ms of every checkpoint.
@@ -243,6 +250,11 @@ def _write_pending() -> None:
                     if _writer is threading.current_thread():
                         _writer = None
                     return
+            while not _hurry:  # quiet first (see _QUIET_S); a newer save restarts the wait
+                left = _last_save + _QUIET_S - time.monotonic()
+                if left <= 0:
+                    break
+                _work.wait(left)
             path, cache = _queue.popitem()
             _busy = True
         try:
@@ -258,19 +270,26 @@ def _write_pending() -> None:
 
 
 def flush_saves(timeout: float | None = None) -> None:
-    """Wait until every cache handed to :func:`save_later` is written."""
+    """Write every cache handed to :func:`save_later` now, and wait until they are written."""
+    global _hurry
     with _lock:
         if _writer is None or _writer is threading.current_thread():
             return
-        _done.wait_for(lambda: not _queue and not _busy, timeout)
+        _hurry = True
+        _work.notify()
+        try:
+            _done.wait_for(lambda: not _queue and not _busy, timeout)
+        finally:
+            _hurry = False
 
 
 atexit.register(flush_saves, 10.0)
 
 
 def _after_fork() -> None:  # the writer thread does not exist in a child process
-    global _lock, _writer, _work, _done, _busy
+    global _lock, _writer, _work, _done, _busy, _hurry
     _lock = threading.Lock()
+    _hurry = False
     _work = threading.Condition(_lock)
     _done = threading.Condition(_lock)
     _writer = None
