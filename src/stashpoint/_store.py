@@ -249,6 +249,11 @@ class Store:
                 from .upkeep import run_if_due
 
                 run_if_due(self)  # retention and the size budget, once a period
+            # Stat caches wait for quiet before they are written: a closed store's directory
+            # is at rest (a copy, a backup or a bundle test sees all of it).
+            from .workspace.statcache import flush_saves
+
+            flush_saves(10.0)
         finally:
             self.meta.close()
             self.blobs.close()  # release the blob directory's lock: a GC may hold it alone now
