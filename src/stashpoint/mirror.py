@@ -193,10 +193,14 @@ class _Replicator:
                 self.log(ref.log)
 
     def heads(self, session: str) -> None:
-        for branch, head in self.p.meta.branches(session).items():
+        for branch in self.p.meta.branches(session):
             for _attempt in range(5):
                 current = self.m.meta.get_head(session, branch)
-                if current == head:
+                # The primary's head read after the mirror's: a writer copies its head to the
+                # mirror only once the primary has it, so this is never older than what another
+                # writer copied meanwhile (read first, a stale head moved the mirror backwards).
+                head = self.p.meta.get_head(session, branch)
+                if head is None or current == head:
                     break
                 self.checkpoint(head)
                 try:
