@@ -238,7 +238,7 @@ def test_a_snapshot_larger_than_a_flush_streams_through_packs_written_alongside(
     assert snapshot_tree(ws) == before
 
 
-@pytest.mark.parametrize("kind", ["sqlite", "file"])
+@pytest.mark.parametrize("kind", ["sqlite", "sqlite-url", "file"])
 def test_every_directory_and_file_a_store_creates_is_private(tmp_path: Path, kind: str) -> None:
     """SPEC 5: store files 0600, and no directory of the store readable by others either
     (blob fan-out directories were created 0755 by ``mkdir(parents=True)``)."""
@@ -249,7 +249,11 @@ def test_every_directory_and_file_a_store_creates_is_private(tmp_path: Path, kin
     (ws / "sub" / "big.bin").write_bytes(os.urandom((1 << 20) + 10))  # chunk files
     (ws / "small.txt").write_text("x\n")
     home = tmp_path / "store"
-    url = str(home) if kind == "sqlite" else f"file://{home}"
+    url = {
+        "sqlite": str(home),
+        "sqlite-url": f"sqlite:///{home}/deeper/store.db",  # directories it must create
+        "file": f"file://{home}",
+    }[kind]
     umask = os.umask(0o022)  # the usual one: what mkdir would otherwise leave 0755
     try:
         with stashpoint.open(url) as store:

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ._fsutil import sweep_temp_files
+from ._fsutil import mkdir_private, sweep_temp_files
 from .blobs.backend import BlobBackend
 from .blobs.local import LocalBlobStore
 from .blobs.objects import Blobs
@@ -405,7 +405,7 @@ def open_store(
     else:
         db, home = path / _DB_NAME, path
     try:
-        home.mkdir(mode=0o700, parents=True, exist_ok=True)
+        mkdir_private(home)  # and any parent it creates: 0700 too
         # Cheap places only; `verify` sweeps the whole blob directory.
         sweep_temp_files(home, recursive=False)
         sweep_temp_files(home / "cache", recursive=False)

@@ -45,7 +45,7 @@ class LocalBlobStore:
     def __init__(self, root: Path, *, durable: bool = True) -> None:
         self.root = root
         self.durable = durable
-        root.mkdir(mode=0o700, parents=True, exist_ok=True)
+        mkdir_private(root)
         self.before_put: Callable[[bytes], None] | None = None
         """Called with a digest before it is stored (revives a condemned chunk first)."""
         self._lock_fd: int | None = os.open(

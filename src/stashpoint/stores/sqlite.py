@@ -15,6 +15,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from .._fsutil import mkdir_private
 from ..errors import ConflictError, SchemaVersionError, StoreError
 from ._sql import TABLES, TABLES_V2, TABLES_V3, SqlStore
 from .base import Commit
@@ -46,7 +47,7 @@ class SqliteStore(SqlStore):
         self._lock = threading.RLock()
         try:
             if not self.path.exists():
-                self.path.parent.mkdir(parents=True, exist_ok=True)
+                mkdir_private(self.path.parent)  # a store's directories: 0700, like its files
                 os.close(os.open(self.path, os.O_CREAT | os.O_WRONLY, 0o600))
             self._db = sqlite3.connect(
                 self.path, timeout=30.0, isolation_level=None, check_same_thread=False
