@@ -97,8 +97,15 @@ def _wait_ready(endpoint: str, proc: subprocess.Popen[bytes] | None, log: Path |
         except Exception as exc:
             if (proc is not None and proc.poll() is not None) or time.monotonic() > deadline:
                 tail = log.read_text(errors="replace")[-2000:] if log and log.exists() else ""
+                died = proc is not None and proc.poll() is not None
+                if died and "address already in use" in tail:
+                    raise _PortTaken(tail) from exc
                 pytest.fail(f"the S3 server at {endpoint} did not come up ({exc}):\n{tail}")
             time.sleep(0.5)
+
+
+class _PortTaken(Exception):
+    """A port picked as free was taken by another process before the server bound it."""
 
 
 @pytest.fixture(scope="module")
@@ -112,6 +119,7 @@ def s3_endpoint() -> Iterator[str]:
     real = os.environ.get("STASHPOINT_TEST_S3_ENDPOINT")
     proc = None
     data = None
+    weed: str | None = None
     if real:
         endpoint = real
     else:
@@ -121,9 +129,18 @@ def s3_endpoint() -> Iterator[str]:
         os.environ.update(_ENV)
         data = Path(tempfile.mkdtemp(prefix="sp-seaweedfs-"))
         proc, endpoint = _start_seaweedfs(weed, data)
-    os.environ["STASHPOINT_S3_ENDPOINT"] = endpoint
     try:
-        _wait_ready(endpoint, proc, data / "weed.log" if data else None)
+        for attempt in range(3):  # eight ports picked free, then bound: another may win one
+            os.environ["STASHPOINT_S3_ENDPOINT"] = endpoint
+            try:
+                _wait_ready(endpoint, proc, data / "weed.log" if data else None)
+                break
+            except _PortTaken:
+                if attempt == 2 or weed is None or data is None:
+                    raise
+                shutil.rmtree(data, ignore_errors=True)
+                data = Path(tempfile.mkdtemp(prefix="sp-seaweedfs-"))
+                proc, endpoint = _start_seaweedfs(weed, data)
         yield endpoint
     finally:
         if proc is not None:
