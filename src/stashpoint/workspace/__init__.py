@@ -13,7 +13,7 @@ from ..model import TreeEntry
 from ..stores.base import BlobRow
 from .restore import Restorer, RestoreStats, clean_temp_files
 from .scan import Progress, Scanner, ScanResult
-from .statcache import StatCache, load_shared, save_later
+from .statcache import StatCache, fine_timestamps_dev, load_shared, save_later
 from .tree import Change, TreeReader, shared_reader
 from .watch import Watcher, watch_supported
 
@@ -78,16 +78,19 @@ class Workspace:
         if epoch != self._epoch:  # a GC condemned blobs: cached digests may name them
             self._epoch, self._mem_cache = epoch, None
         writer = self.blobs.writer()
+        root = os.fsencode(self.root)
+        fine_dev = fine_timestamps_dev(root)  # before the drain: its probe file is an event
         if self.watcher is not None:
             self.watcher.drain()  # every change made before this call is in the queue now
         scanner = Scanner(
-            os.fsencode(self.root),
+            root,
             writer,
             self._cache(),
             exclude=self._exclude,
             progress=progress,
             watcher=self.watcher,
             reader=self.reader,
+            fine_dev=fine_dev,
         )
         result = scanner.run()
         pending = writer.take_pending()
