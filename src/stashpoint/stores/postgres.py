@@ -324,14 +324,24 @@ class PostgresStore(SqlStore):
     def _libpq_call(self, sql: bytes, types: Sequence[int], args: Sequence[Any]) -> str | None:
         """One hot-path statement through libpq with binary parameters: its one text value."""
         pq = self._psycopg.pq
-        with self._conn() as conn, conn.lock:
-            encoding = conn.info.encoding
-            values = [_binary(v, t, encoding) for v, t in zip(args, types, strict=True)]
-            res = conn.pgconn.exec_params(sql, values, types, [1] * len(values), 0)
-            if res.status != pq.ExecStatus.TUPLES_OK:
-                exc = self._errors.error_from_result(res, encoding=encoding)
-                raise self._mapped(exc) from exc
-            value = res.get_value(0, 0)
+        pool = self._pool
+        try:  # getconn/putconn, not two generator context managers: ~5 us per checkpoint
+            conn = pool.getconn()
+        except Exception as exc:
+            if type(exc).__module__.startswith("psycopg_pool"):  # timeout, closed pool
+                raise StoreError(f"no PostgreSQL connection: {exc}") from exc
+            raise
+        try:
+            with conn.lock:
+                encoding = conn.info.encoding
+                values = [_binary(v, t, encoding) for v, t in zip(args, types, strict=True)]
+                res = conn.pgconn.exec_params(sql, values, types, [1] * len(values), 0)
+                if res.status != pq.ExecStatus.TUPLES_OK:
+                    failed = self._errors.error_from_result(res, encoding=encoding)
+                    raise self._mapped(failed) from failed
+                value = res.get_value(0, 0)
+        finally:
+            pool.putconn(conn)  # a broken connection is discarded and replaced by the pool
         return None if value is None else bytes(value).decode(encoding)
 
     def _read(self, sql: str, args: Sequence[Any] = ()) -> list[Any]:

@@ -19,6 +19,9 @@ from .watch import Watcher, watch_supported
 
 __all__ = ["Change", "RestoreStats", "ScanResult", "TreeReader", "Workspace", "check_root"]
 
+_UNPROBED = -2
+"""``Workspace._fine_dev`` before the first scan probed the root's filesystem."""
+
 
 def check_root(root: Path, *, force: bool = False) -> Path:
     """Refuse roots that are almost certainly a mistake (SPEC §7: snapshotting $HOME or /)."""
@@ -64,6 +67,7 @@ class Workspace:
         self._pending_cache: StatCache | None = None
         self._scanned: StatCache | None = None
         self._mem_cache: StatCache | None = None
+        self._fine_dev: int | None = _UNPROBED
 
     def _cache(self) -> StatCache:
         if self._cache_path is None:
@@ -79,7 +83,9 @@ class Workspace:
             self._epoch, self._mem_cache = epoch, None
         writer = self.blobs.writer()
         root = os.fsencode(self.root)
-        fine_dev = fine_timestamps_dev(root)  # before the drain: its probe file is an event
+        if self._fine_dev == _UNPROBED:  # before the drain: its probe file is an event
+            self._fine_dev = fine_timestamps_dev(root)
+        fine_dev = self._fine_dev
         if self.watcher is not None:
             self.watcher.drain()  # every change made before this call is in the queue now
         scanner = Scanner(
