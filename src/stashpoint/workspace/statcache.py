@@ -287,6 +287,7 @@ def save_later(path: Path, cache: StatCache) -> None:
         _made.add(path.parent)
     with _lock:
         _remember(path, cache, None)
+        idle = not _queue
         _queue[path] = cache
         _last_save = time.monotonic()
         if _writer is None:
@@ -295,7 +296,10 @@ def save_later(path: Path, cache: StatCache) -> None:
             _writer = threading.Thread(target=_write_pending, name="stashpoint-statcache")
             _writer.daemon = True  # it idles; atexit (below) waits for its pending writes
             _writer.start()
-        else:
+        elif idle:
+            # Only a writer waiting for work needs waking: one in its quiet wait re-reads
+            # _last_save when that wait ends, and one busy writing comes back to the queue.
+            # Waking it at every save cost a thread switch per checkpoint.
             _work.notify()
 
 
