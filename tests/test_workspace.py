@@ -359,6 +359,33 @@ def test_a_rewind_reads_packed_files_in_one_batch_and_still_checks_them(
     assert snapshot_tree(ws) == edited  # nothing was written
 
 
+def test_a_stat_cache_directory_removed_under_a_running_process_is_made_again(
+    tmp_path: Path,
+) -> None:
+    """The writer thread never re-creates a removed directory itself (that could resurrect a
+    deleted store), but the next save does, while the store directory above it exists."""
+    from stashpoint.workspace import statcache
+
+    path = tmp_path / "store" / "cache" / "stat.bin"
+    path.parent.parent.mkdir()
+    for round_ in range(2):
+        cache = statcache.StatCache("store", "0", str(tmp_path))
+        cache.files = {b"f": (1, 1, 1, 1, 0o100644, b"d" * 32)}
+        statcache.save_later(path, cache)
+        statcache.flush_saves(5.0)
+        if round_ == 0:
+            assert path.exists()
+            shutil.rmtree(path.parent)
+            statcache.save_later(path, cache)  # fails in the thread: the directory is gone
+            statcache.flush_saves(5.0)
+            assert not path.parent.exists()
+    assert path.exists(), "the cache is written again, not silently lost for good"
+    shutil.rmtree(tmp_path / "store")
+    statcache.save_later(path, cache)
+    statcache.flush_saves(5.0)
+    assert not (tmp_path / "store").exists(), "a removed store is not resurrected"
+
+
 def test_stat_cache_saves_in_a_burst_are_written_once_and_flushed_on_demand(
     tmp_path: Path, monkeypatch: Any
 ) -> None:

@@ -323,8 +323,11 @@ def _write_pending() -> None:
         try:
             cache.save(path, make_dirs=False)
             stamp = _stamp(path)
-        except OSError:
+        except OSError as exc:
             stamp = None  # a hint: failing to write it only costs a re-hash later
+            if isinstance(exc, FileNotFoundError):  # its directory went: the next
+                with _lock:  # save_later makes it again, if the store is still there
+                    _made.discard(path.parent)
         with _lock:
             _busy = False
             got = _shared.get(path)
