@@ -16,11 +16,7 @@ from stashpoint.errors import IntegrityError
 from stashpoint.model import TreeEntry
 from stashpoint.stores.base import BlobRow
 from stashpoint.workspace.scan import encode_tree
-from stashpoint.workspace.statcache import (
-    FINE_TIMESTAMPS_ENV,
-    WHOLE_SECOND_RACY_WINDOW_NS,
-    fine_timestamps_dev,
-)
+from stashpoint.workspace.statcache import WHOLE_SECOND_RACY_WINDOW_NS
 
 from .conftest import snapshot_tree
 
@@ -141,13 +137,11 @@ def test_corrupt_blob_fails_restore_cleanly(tmp_path: Path, store: stashpoint.St
 
 
 def test_a_racy_file_is_re_read_but_not_stored_again(
-    tmp_path: Path, store: stashpoint.Store, monkeypatch: Any
+    tmp_path: Path, store: stashpoint.Store
 ) -> None:
     """A file written moments before a snapshot is "racy" (its stat could hide an edit made
     in the same timestamp tick), so the next snapshot reads it again. Content that still
-    hashes to the cached digest is already stored: nothing is queued, compressed or sent.
-    (Without fine timestamps: with them, see the next test.)"""
-    monkeypatch.setenv(FINE_TIMESTAMPS_ENV, "0")
+    hashes to the cached digest is already stored: nothing is queued, compressed or sent."""
     ws = tmp_path / "ws"
     ws.mkdir()
     (ws / "notes.txt").write_text("just written\n")
@@ -165,13 +159,10 @@ def test_a_racy_file_is_re_read_but_not_stored_again(
     assert result.read_files == 1 and len(pending) >= 2  # the new content and its tree
 
 
-def test_a_whole_second_mtime_is_racy_for_seconds(
-    tmp_path: Path, store: stashpoint.Store, monkeypatch: Any
-) -> None:
+def test_a_whole_second_mtime_is_racy_for_seconds(tmp_path: Path, store: stashpoint.Store) -> None:
     """On a filesystem that keeps whole seconds (ext3, HFS+, FAT), an edit in the same second
     as the scan leaves the stat as it was: such a file stays racy for seconds, not one tick,
     while a nanosecond mtime as old is trusted."""
-    monkeypatch.setenv(FINE_TIMESTAMPS_ENV, "0")  # such a filesystem has none
     ws = tmp_path / "ws"
     ws.mkdir()
     coarse, fine = ws / "coarse.txt", ws / "fine.txt"
@@ -194,38 +185,6 @@ def test_a_whole_second_mtime_is_racy_for_seconds(
     run.workspace.save_cache()
     result, _ = run.workspace.scan()
     assert result.read_files == 0
-
-
-def test_with_fine_timestamps_a_file_just_written_is_trusted_and_a_same_tick_edit_is_seen(
-    tmp_path: Path, store: stashpoint.Store
-) -> None:
-    """Where a change after a stat always gets a later ctime (multigrain timestamps), a file
-    written just before a snapshot needs no second read, and an edit of the same size made
-    right after the snapshot (same coarse tick) is still caught by its ctime."""
-    ws = tmp_path / "ws"
-    ws.mkdir()
-    if fine_timestamps_dev(os.fsencode(ws)) is None:
-        pytest.skip("this filesystem has no fine timestamps for observed files (Linux < 6.13?)")
-    assert not [p for p in ws.iterdir()], "the probe leaves no file behind"
-    notes = ws / "notes.txt"
-    for i in range(20):
-        notes.write_text(f"version {i:03d}\n")  # the same size every time
-        run = store.session(f"s{i}", workspace=ws)
-        first = run.checkpoint()
-        assert run.workspace is not None
-        result, pending = run.workspace.scan()
-        assert result.read_files == 0 and pending == []  # trusted at once: not racy
-        assert result.tree.hex() == first.workspace.tree  # type: ignore[union-attr]
-        notes.write_text(f"edited {i:03d}\n\n")  # as long as before, within microseconds
-        assert notes.stat().st_size == len(f"version {i:03d}\n")
-        result, pending = run.workspace.scan()
-        assert result.read_files == 1 and len(pending) >= 2, i  # the new content, its tree
-        assert run.checkpoint().workspace.tree != first.workspace.tree  # type: ignore[union-attr]
-
-
-def test_fine_timestamps_can_be_turned_off(tmp_path: Path, monkeypatch: Any) -> None:
-    monkeypatch.setenv(FINE_TIMESTAMPS_ENV, "0")
-    assert fine_timestamps_dev(os.fsencode(tmp_path)) is None
 
 
 def test_write_parts_resumes_partial_writes(tmp_path: Path, monkeypatch: Any) -> None:

@@ -13,14 +13,11 @@ from ..model import TreeEntry
 from ..stores.base import BlobRow
 from .restore import Restorer, RestoreStats, clean_temp_files
 from .scan import Progress, Scanner, ScanResult
-from .statcache import StatCache, fine_timestamps_dev, load_shared, save_later
+from .statcache import StatCache, load_shared, save_later
 from .tree import Change, TreeReader, shared_reader
 from .watch import Watcher, watch_supported
 
 __all__ = ["Change", "RestoreStats", "ScanResult", "TreeReader", "Workspace", "check_root"]
-
-_UNPROBED = -2
-"""``Workspace._fine_dev`` before the first scan probed the root's filesystem."""
 
 
 def check_root(root: Path, *, force: bool = False) -> Path:
@@ -67,7 +64,6 @@ class Workspace:
         self._pending_cache: StatCache | None = None
         self._scanned: StatCache | None = None
         self._mem_cache: StatCache | None = None
-        self._fine_dev: int | None = _UNPROBED
 
     def _cache(self) -> StatCache:
         if self._cache_path is None:
@@ -82,21 +78,16 @@ class Workspace:
         if epoch != self._epoch:  # a GC condemned blobs: cached digests may name them
             self._epoch, self._mem_cache = epoch, None
         writer = self.blobs.writer()
-        root = os.fsencode(self.root)
-        if self._fine_dev == _UNPROBED:  # before the drain: its probe file is an event
-            self._fine_dev = fine_timestamps_dev(root)
-        fine_dev = self._fine_dev
         if self.watcher is not None:
             self.watcher.drain()  # every change made before this call is in the queue now
         scanner = Scanner(
-            root,
+            os.fsencode(self.root),
             writer,
             self._cache(),
             exclude=self._exclude,
             progress=progress,
             watcher=self.watcher,
             reader=self.reader,
-            fine_dev=fine_dev,
         )
         result = scanner.run()
         pending = writer.take_pending()

@@ -75,7 +75,6 @@ class Scanner:
         progress: Progress | None = None,
         watcher: Watcher | None = None,
         reader: TreeReader | None = None,
-        fine_dev: int | None = None,
     ) -> None:
         self.root = root
         self.writer = writer
@@ -93,8 +92,6 @@ class Scanner:
         self.progress = progress
         self._racy = racy_after(time.time_ns())
         self._racy_after = self._racy[0]  # the hot loop's test; whole seconds: see is_racy
-        self._fine_dev = -1 if fine_dev is None else fine_dev
-        """Files on this device are never racy (see statcache.fine_timestamps_dev)."""
         self._result = ScanResult(b"")
 
     @property
@@ -169,7 +166,6 @@ class Scanner:
         cached_file = old.files.get
         new_files = self.new.files
         racy_after = self._racy_after
-        fine_dev = self._fine_dev
         check_ignores = not ctx.empty
         links: list[bytes] | None = [] if w is not None else None
         if known is not None and dirty is not None:
@@ -215,8 +211,7 @@ class Scanner:
                     and hit[2] == st.st_ctime_ns
                     and hit[3] == st.st_ino
                     and hit[4] == mode
-                    # a racy entry was cached with mtime -1 anyway
-                    and (hit[1] < racy_after or st.st_dev == fine_dev)
+                    and hit[1] < racy_after  # a racy entry was cached with mtime -1 anyway
                 ):
                     new_files[crel] = hit
                     names.append(name)
@@ -260,7 +255,7 @@ class Scanner:
             for n, v in zip(names, found, strict=True)
         ]
         digest = self._store_tree(entries, cached[4] if cached is not None else None)
-        if dst.st_dev == self._fine_dev or not is_racy(dst.st_mtime_ns, self._racy):
+        if not is_racy(dst.st_mtime_ns, self._racy):
             self.new.trees[rel] = (*dkey, digest, nfiles, nbytes)
         else:
             # Racy: a scan may not infer "listing unchanged" from this stat (mtime -1 never
@@ -345,7 +340,7 @@ class Scanner:
                 self._result.read_bytes += size
                 if self.progress is not None:
                     self.progress(self._result.read_files, self._result.read_bytes)
-                racy = after.st_dev != self._fine_dev and is_racy(after.st_mtime_ns, self._racy)
+                racy = is_racy(after.st_mtime_ns, self._racy)
                 # A racy file is re-read next time (its stat may not change with its content:
                 # mtime -1 never matches), but its entry still says the name is not ignored.
                 self.new.files[rel] = (
