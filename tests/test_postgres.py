@@ -114,3 +114,25 @@ def test_libpq_options_with_spaces_survive_the_url(pg_url: str) -> None:
         rows = store.meta._read("SHOW statement_timeout")  # type: ignore[attr-defined]
         assert rows[0][0] == "4321ms"
         store.session("s").checkpoint({"ok": True})
+
+
+def test_a_store_whose_pool_is_gone_says_so_on_every_path(pg_url: str) -> None:
+    """Reads, transactions and the libpq hot path (a checkpoint's commit) all take their
+    connection the same way: a closed pool is a StoreError naming the cause, never
+    psycopg_pool's own exception."""
+    import stashpoint
+    from stashpoint.errors import StoreError
+
+    store = stashpoint.open(pg_url)
+    session = store.session("s")
+    session.checkpoint({"n": 0})  # the head is known: the next checkpoint goes to commit
+    meta = store.meta
+    meta.close()  # type: ignore[attr-defined]
+    for attempt in (
+        lambda: session.checkpoint({"n": 1}),
+        lambda: meta.get_meta("x"),
+        lambda: meta.set_meta("x", "1"),
+        lambda: meta.sessions(),
+    ):
+        with pytest.raises(StoreError, match="no PostgreSQL connection"):
+            attempt()

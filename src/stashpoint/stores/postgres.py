@@ -252,19 +252,24 @@ class PostgresStore(SqlStore):
             raise StoreError(f"cannot connect to PostgreSQL: {exc}") from exc
         self._migrate()
 
-    @contextmanager
-    def _conn(self) -> Iterator[Any]:
+    def _getconn(self) -> Any:
         try:
-            with self._pool.connection() as conn:
-                yield conn
-        except self._errors.Error:
-            raise
-        except StoreError:
-            raise
+            return self._pool.getconn()
         except Exception as exc:
-            if type(exc).__module__.startswith("psycopg_pool"):
+            if type(exc).__module__.startswith("psycopg_pool"):  # timeout, closed pool
                 raise StoreError(f"no PostgreSQL connection: {exc}") from exc
             raise
+
+    @contextmanager
+    def _conn(self) -> Iterator[Any]:
+        """A pooled connection. Not ``pool.connection()``: its ``with conn`` only commits or
+        rolls back, a no-op on these autocommit connections; ``putconn`` still discards a
+        broken one and rolls back one left in a transaction."""
+        conn = self._getconn()
+        try:
+            yield conn
+        finally:
+            self._pool.putconn(conn)
 
     def _migrate(self) -> None:
         def do(cur: Any) -> None:
@@ -324,13 +329,7 @@ class PostgresStore(SqlStore):
     def _libpq_call(self, sql: bytes, types: Sequence[int], args: Sequence[Any]) -> str | None:
         """One hot-path statement through libpq with binary parameters: its one text value."""
         pq = self._psycopg.pq
-        pool = self._pool
-        try:  # getconn/putconn, not two generator context managers: ~5 us per checkpoint
-            conn = pool.getconn()
-        except Exception as exc:
-            if type(exc).__module__.startswith("psycopg_pool"):  # timeout, closed pool
-                raise StoreError(f"no PostgreSQL connection: {exc}") from exc
-            raise
+        conn = self._getconn()  # not the _conn() context manager: ~5 us per checkpoint
         try:
             with conn.lock:
                 encoding = conn.info.encoding
@@ -341,7 +340,7 @@ class PostgresStore(SqlStore):
                     raise self._mapped(failed) from failed
                 value = res.get_value(0, 0)
         finally:
-            pool.putconn(conn)  # a broken connection is discarded and replaced by the pool
+            self._pool.putconn(conn)  # a broken connection is discarded and replaced
         return None if value is None else bytes(value).decode(encoding)
 
     def _read(self, sql: str, args: Sequence[Any] = ()) -> list[Any]:
