@@ -703,3 +703,26 @@ def test_failed_rewind_into_damaged_checkpoint_leaves_everything_usable(
     snap(sp, ws, "after the failed rewind")
     assert_same_tree(snapshot_tree(ws), before, "workspace after a failed rewind")
     sp("log", cwd=ws)
+
+
+def test_the_commands_an_agent_hook_runs_import_no_asyncio(tmp_path: Path) -> None:
+    """A coding agent's hook runs the CLI after every tool call: asyncio (~20 ms to import)
+    is for async code only, not for a snapshot, a log or a rewind."""
+    import sys
+
+    (tmp_path / "f.txt").write_text("one\n")
+    code = (
+        "import runpy, sys\n"
+        "for args in (['snap', '-m', 'a'], ['snap', '-m', 'b'], ['log'], ['rewind', 'HEAD~1']):\n"
+        "    sys.argv = ['stashpoint', *args]\n"
+        "    try:\n"
+        "        runpy.run_module('stashpoint', run_name='__main__')\n"
+        "    except SystemExit as exc:\n"
+        "        assert not exc.code, (args, exc.code)\n"
+        "print('ASYNCIO', 'asyncio' in sys.modules)\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=120
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "ASYNCIO False" in proc.stdout, proc.stdout

@@ -31,7 +31,6 @@ to the target and execute afresh after it.
 
 from __future__ import annotations
 
-import asyncio
 import builtins
 import contextvars
 import functools
@@ -639,6 +638,8 @@ class Durable:
         call = functools.partial(fn, *args, **kwargs)
         if self.offload is not None:
             return cast(T, await self.offload(call))
+        import asyncio  # here, not at the top: ~20 ms of every CLI run that only snapshots
+
         return await asyncio.to_thread(call)
 
     def _journal(self) -> Journal:
@@ -709,6 +710,8 @@ class Durable:
                             value = await fn(*args, **kwargs)
                     except Exception as exc:
                         if attempt < retries:
+                            import asyncio
+
                             await asyncio.sleep(backoff * 2**attempt)
                             continue
                         await self._off(self._record_step, s, step_name, fp, error=exc)
