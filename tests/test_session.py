@@ -410,3 +410,11 @@ def test_verify_walks_forked_conversation_logs_and_catches_a_forged_message(
     assert not bad.ok
     assert all("conversation log" in p.message for p in bad.problems)
     assert len(bad.problems) == 3  # every checkpoint shares the forged message
+
+
+def test_a_checkpoint_records_the_python_and_stashpoint_versions(store: stashpoint.Store) -> None:
+    import platform
+
+    cp = store.session("s").checkpoint({"n": 1})
+    assert cp.deps["python"] == platform.python_version()
+    assert cp.deps["stashpoint"] == stashpoint.__version__

@@ -13,8 +13,8 @@ import functools
 import hashlib
 import json
 import os
-import platform
 import random
+import sys
 import threading
 import time
 import warnings
@@ -137,7 +137,8 @@ def _policy(spec: str | Iterable[str] | None) -> frozenset[str]:
 def _deps(packages: Iterable[str]) -> dict[str, str]:
     from . import __version__
 
-    out = {"python": platform.python_version(), "stashpoint": __version__}
+    # what platform.python_version() returns, without importing platform (~3 ms, 9 regexes)
+    out = {"python": sys.version.split()[0], "stashpoint": __version__}
     packages = list(packages)
     if not packages:
         return out
