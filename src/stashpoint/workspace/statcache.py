@@ -168,7 +168,8 @@ _work = threading.Condition(_lock)
 _done = threading.Condition(_lock)
 """Notified when the queue is empty and nothing is being written."""
 _busy = False
-_hurry = False
+_hurry = 0
+"""Callers of flush_saves waiting now: while any is, pending caches skip the quiet wait."""
 _last_save = 0.0
 _IDLE_S = 5.0
 """The writer thread ends after this long without work."""
@@ -287,12 +288,12 @@ def flush_saves(timeout: float | None = None) -> None:
     with _lock:
         if _writer is None or _writer is threading.current_thread():
             return
-        _hurry = True
+        _hurry += 1  # a count: one flush finishing must not slow down another still waiting
         _work.notify()
         try:
             _done.wait_for(lambda: not _queue and not _busy, timeout)
         finally:
-            _hurry = False
+            _hurry -= 1
 
 
 atexit.register(flush_saves, 10.0)
@@ -301,7 +302,7 @@ atexit.register(flush_saves, 10.0)
 def _after_fork() -> None:  # the writer thread does not exist in a child process
     global _lock, _writer, _work, _done, _busy, _hurry
     _lock = threading.Lock()
-    _hurry = False
+    _hurry = 0
     _work = threading.Condition(_lock)
     _done = threading.Condition(_lock)
     _writer = None
