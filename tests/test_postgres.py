@@ -136,3 +136,42 @@ def test_a_store_whose_pool_is_gone_says_so_on_every_path(pg_url: str) -> None:
     ):
         with pytest.raises(StoreError, match="no PostgreSQL connection"):
             attempt()
+
+
+def _prepared_names(store: object) -> list[str]:
+    """The statements prepared on the store's one pooled connection (``pool_max=1``)."""
+    with store._conn() as conn:  # type: ignore[attr-defined]
+        rows = conn.execute("SELECT name FROM pg_prepared_statements ORDER BY name").fetchall()
+    return [r[0] for r in rows]
+
+
+def test_a_checkpoint_runs_as_a_prepared_statement_and_survives_the_server_forgetting_it(
+    pg_url: str,
+) -> None:
+    import stashpoint
+
+    with stashpoint.open(pg_url + "&pool_max=1") as store:
+        session = store.session("s")
+        session.checkpoint({"step": 0})
+        session.checkpoint({"step": 1})
+        names = _prepared_names(store.meta)
+        assert len(names) == 1 and names[0].startswith("stashpoint_")
+        # What a transaction pooler does to us: the next server connection lacks the statement.
+        with store.meta._conn() as conn:  # type: ignore[attr-defined]
+            conn.execute("DEALLOCATE ALL")
+        third = session.checkpoint({"step": 2})  # runs unprepared; nothing lost, nothing twice
+        session.checkpoint({"step": 3})
+        assert _prepared_names(store.meta) == []  # turned off for the store: never again
+        history = session.history()
+        assert [c.id for c in history][1] == third.id
+        assert [session.state(c)["step"] for c in history] == [3, 2, 1, 0]
+
+
+def test_prepare_false_in_the_url_prepares_nothing(pg_url: str) -> None:
+    import stashpoint
+
+    with stashpoint.open(pg_url + "&pool_max=1&prepare=false") as store:
+        for i in range(3):
+            store.session("s").checkpoint({"step": i})
+        assert _prepared_names(store.meta) == []
+        assert len(store.session("s").history()) == 3
