@@ -707,7 +707,8 @@ def test_failed_rewind_into_damaged_checkpoint_leaves_everything_usable(
 
 def test_the_commands_an_agent_hook_runs_import_no_asyncio(tmp_path: Path) -> None:
     """A coding agent's hook runs the CLI after every tool call: asyncio (~20 ms to import)
-    is for async code only, not for a snapshot, a log or a rewind."""
+    is for async code only, not for a snapshot, a log or a rewind; nor is the durable-
+    execution engine (~8 ms) imported for a snapshot or a log."""
     import sys
 
     (tmp_path / "f.txt").write_text("one\n")
@@ -719,6 +720,8 @@ def test_the_commands_an_agent_hook_runs_import_no_asyncio(tmp_path: Path) -> No
         "        runpy.run_module('stashpoint', run_name='__main__')\n"
         "    except SystemExit as exc:\n"
         "        assert not exc.code, (args, exc.code)\n"
+        "    if args == ['log']:\n"
+        "        print('DURABLE', 'stashpoint.durable' in sys.modules)\n"
         "print('ASYNCIO', 'asyncio' in sys.modules)\n"
     )
     proc = subprocess.run(
@@ -726,3 +729,4 @@ def test_the_commands_an_agent_hook_runs_import_no_asyncio(tmp_path: Path) -> No
     )
     assert proc.returncode == 0, proc.stderr
     assert "ASYNCIO False" in proc.stdout, proc.stdout
+    assert "DURABLE False" in proc.stdout, proc.stdout

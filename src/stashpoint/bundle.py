@@ -1099,7 +1099,7 @@ class _Exporter:
         import json
         import warnings
 
-        from .durable import record_applies, run_key
+        from ._runs import record_applies, run_key
         from .session import StashpointWarning
 
         meta = self.store.meta

@@ -50,6 +50,7 @@ import msgspec
 
 from . import serde
 from ._ids import new_id
+from ._runs import record_applies, run_key
 from .errors import (
     ConflictError,
     IntegrityError,
@@ -272,10 +273,6 @@ def _rebuild_error(err: Mapping[str, Any]) -> BaseException:
 
 
 # -- the journal ----------------------------------------------------------------------------
-def run_key(session: str, branch: str) -> str:
-    return f"run:{session}:{branch}"
-
-
 def compensation_key(session: str, branch: str) -> str:
     return f"compensate:{session}:{branch}"
 
@@ -506,24 +503,6 @@ def end_run(session: Session) -> None:
     record = json.loads(raw)
     if "log" in record:
         meta.set_meta(key, json.dumps({k: record[k] for k in ("argv", "cwd") if k in record}))
-
-
-def record_applies(record: Mapping[str, Any], head: Checkpoint | None) -> bool:
-    """Whether a run record is the branch's live run: the head is where it started, one of
-    its checkpoints, or a checkpoint taken on top without a journal of its own (a ``snap``).
-    Rewinds and forks delete the record; this check guards against any other head move."""
-    if "log" not in record:  # an ended run: only its command is left
-        return False
-    if head is None:
-        return record.get("base") is None
-    if head.id == record.get("base"):
-        return True
-    j = head.journal
-    if j is None:  # the run started from an empty journal and has not checkpointed since
-        return record.get("parent") is None
-    if j.log == record.get("log"):
-        return True
-    return j.log == record.get("parent") and j.length == record.get("parent_len")
 
 
 def common_prefix(a: Journal, ref: LogRef | None, session: Session) -> int:

@@ -664,14 +664,14 @@ class Session:
             return self._durable.journal.ref()
         inherited = head.journal if head is not None else None
         if self._run_record is _INHERIT:
-            from .durable import run_key
+            from ._runs import run_key
 
             raw = self.store.meta.get_meta(run_key(self.name, self.branch))
             self._run_record = json.loads(raw) if raw else None
         rec = self._run_record
         if rec is None:
             return inherited
-        from .durable import record_applies
+        from ._runs import record_applies
 
         if not record_applies(rec, head):
             return inherited
