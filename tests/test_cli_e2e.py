@@ -707,13 +707,15 @@ def test_failed_rewind_into_damaged_checkpoint_leaves_everything_usable(
 
 def test_the_commands_an_agent_hook_runs_import_no_asyncio(tmp_path: Path) -> None:
     """A coding agent's hook runs the CLI after every tool call: asyncio (~20 ms to import)
-    is for async code only, not for a snapshot, a log or a rewind; nor is the durable-
-    execution engine (~8 ms) imported for a snapshot or a log."""
+    is for async code only, not for a snapshot, a log or a rewind; nor are the durable-
+    execution engine (~8 ms), thread pools, ctypes (file watching), temporary files or
+    sockets, for a snapshot or a log."""
     import sys
 
     (tmp_path / "f.txt").write_text("one\n")
+    heavy = ["stashpoint.durable", "concurrent.futures", "ctypes", "tempfile", "socket"]
     code = (
-        "import runpy, sys\n"
+        f"import runpy, sys\nHEAVY = {heavy!r}\n"
         "for args in (['snap', '-m', 'a'], ['snap', '-m', 'b'], ['log'], ['rewind', 'HEAD~1']):\n"
         "    sys.argv = ['stashpoint', *args]\n"
         "    try:\n"
@@ -721,7 +723,7 @@ def test_the_commands_an_agent_hook_runs_import_no_asyncio(tmp_path: Path) -> No
         "    except SystemExit as exc:\n"
         "        assert not exc.code, (args, exc.code)\n"
         "    if args == ['log']:\n"
-        "        print('DURABLE', 'stashpoint.durable' in sys.modules)\n"
+        "        print('HEAVY', [m for m in HEAVY if m in sys.modules])\n"
         "print('ASYNCIO', 'asyncio' in sys.modules)\n"
     )
     proc = subprocess.run(
@@ -729,4 +731,4 @@ def test_the_commands_an_agent_hook_runs_import_no_asyncio(tmp_path: Path) -> No
     )
     assert proc.returncode == 0, proc.stderr
     assert "ASYNCIO False" in proc.stdout, proc.stdout
-    assert "DURABLE False" in proc.stdout, proc.stdout
+    assert "HEAVY []" in proc.stdout, proc.stdout

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import os
 import random
-import socket
 import threading
 import time
 import uuid
@@ -36,6 +35,8 @@ def default_owner() -> str:
     The nonce makes each acquisition its own owner, so two leases taken in one process (two
     threads, a web server) or by two containers with the same host name and pid exclude each
     other instead of sharing one token."""
+    import socket  # here: a session imports this module, and most never take a lease
+
     return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
 
 

@@ -28,7 +28,6 @@ import os
 import struct
 import threading
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
 from enum import IntEnum
 from typing import TYPE_CHECKING, NamedTuple
 
@@ -40,6 +39,8 @@ from .backend import BlobBackend
 from .local import PackMissing
 
 if TYPE_CHECKING:
+    from concurrent.futures import Future, ThreadPoolExecutor
+
     from ..crypto import Cipher
 
 __all__ = ["CHUNK_SIZE", "BlobCodec", "BlobWriter", "Blobs", "PackPointer", "parse_pointer"]
@@ -140,6 +141,8 @@ class Blobs:
 
     def _workers(self) -> ThreadPoolExecutor:
         if self._pool is None:
+            from concurrent.futures import ThreadPoolExecutor  # ~5 ms: only when work comes
+
             self._pool = ThreadPoolExecutor(max_workers=max(1, min(4, os.cpu_count() or 1)))
         return self._pool
 
@@ -416,6 +419,8 @@ class BlobWriter:
         # hashes (zstd, hashing and fsync release the GIL): two fsyncs per chunk file would
         # otherwise dominate. At most _IN_FLIGHT chunks wait, so memory stays bounded; all
         # are durable before this returns, so the commit order of SPEC 5 holds.
+        from concurrent.futures import ThreadPoolExecutor
+
         pending: collections.deque[Future[None]] = collections.deque()
         with ThreadPoolExecutor(max_workers=3) as pool:
             for view in pieces:

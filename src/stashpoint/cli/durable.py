@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 from typing import TYPE_CHECKING, Any
 
 import click
@@ -225,6 +224,8 @@ def resume(ctx: Ctx, dry_run: bool, command: tuple[str, ...]) -> None:
     env = dict(os.environ, STASHPOINT_RESUME="1")
     env.setdefault("STASHPOINT_SESSION", session.name)
     session.store.close()
+    import subprocess  # here, not at the top: every CLI run imports this module
+
     try:
         code = subprocess.call(argv, cwd=cwd, env=env)
     except OSError as exc:

@@ -7,9 +7,7 @@ import importlib
 import json
 import os
 import shlex
-import subprocess
 import sys
-import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -53,6 +51,9 @@ def _load_validators(specs: tuple[str, ...], root: Path) -> list[Callable[[dict[
 
 def _edit_in_editor(state: dict[str, Any]) -> dict[str, Any] | None:
     """The state as JSON in $EDITOR; None when the file comes back unchanged."""
+    import subprocess  # here, not at the top: every CLI run imports this module
+    import tempfile
+
     from ..serde import from_tree, to_tree
 
     text = json.dumps(to_tree(state), indent=2, ensure_ascii=False) + "\n"

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import socket
 import sys
 from pathlib import Path
 
@@ -63,6 +62,8 @@ def ui(ctx: Ctx, port: int, host: str, token: str | None, open_browser: bool) ->
     except UsageError:
         workspace = None  # browse and restore state only
     token = token or new_token()
+    import socket  # here, not at the top: every CLI run imports this module
+
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)

@@ -13,12 +13,14 @@ Correctness rests on three rules:
 
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
 import errno
 import os
 import struct
 import sys
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import ctypes
 
 from .ignore import ALWAYS_EXCLUDED, IGNORE_FILES
 
@@ -60,12 +62,22 @@ _libc: ctypes.CDLL | None = None
 
 
 def _lib() -> ctypes.CDLL | None:
+    """libc, loaded on first use: ctypes and its ``find_library`` (which imports shutil,
+    subprocess and tempfile, and runs ``ldconfig``) would cost every CLI run ~6 ms."""
     global _libc
     if _libc is None and sys.platform.startswith("linux"):
+        import ctypes
+
         try:
-            _libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+            _libc = ctypes.CDLL("libc.so.6", use_errno=True)  # glibc
         except OSError:
-            return None
+            import ctypes.util
+
+            name = ctypes.util.find_library("c")  # musl and others
+            try:
+                _libc = ctypes.CDLL(name, use_errno=True) if name else None
+            except OSError:
+                return None
     return _libc
 
 
@@ -83,6 +95,8 @@ class Watcher:
             raise OSError(errno.ENOSYS, "inotify is not available on this platform")
         fd = lib.inotify_init1(_IN_NONBLOCK | _IN_CLOEXEC)
         if fd < 0:
+            import ctypes
+
             err = ctypes.get_errno()
             raise OSError(err, os.strerror(err))
         self._lib = lib
