@@ -125,7 +125,7 @@ class SqliteStore(SqlStore):
                 at = size
                 while at < target:
                     at += os.pwrite(fd, memoryview(zeros)[: target - at], at)
-                os.fdatasync(fd)
+                os.fsync(fd)  # fdatasync is not on every platform (macOS)
             except OSError:
                 try:
                     os.ftruncate(fd, size)
