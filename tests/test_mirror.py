@@ -286,3 +286,31 @@ def test_cli_refuses_a_bad_mirror_url_and_records_nothing(tmp_path: Path, sp) ->
             assert store.sessions() == []
     res = sp("--store", "file://", "snap", cwd=ws, check=False)
     assert res.code == 1 and "file:// needs a directory" in res.err
+
+
+def test_a_checkpoint_copies_only_its_own_branch_head_to_the_mirror(tmp_path: Path) -> None:
+    """Replicating a write reads the head of the branch it moved, not every branch's."""
+    mirror_url = f"file://{tmp_path / 'm'}"
+    with stashpoint.open(tmp_path / "primary", mirror=mirror_url) as store:
+        assert isinstance(store, MirroredStore) and store.replicator is not None
+        run = store.session("s")
+        root = run.checkpoint({"step": 0})
+        for i in range(5):
+            run.fork(root.id, branch=f"b{i}")
+        primary = store.replicator.p.meta
+        read: list[str] = []
+        get_head = primary.get_head
+
+        def counting(session: str, branch: str) -> str | None:
+            read.append(branch)
+            return get_head(session, branch)
+
+        primary.get_head = counting  # type: ignore[method-assign]
+        on_b2 = store.session("s", branch="b2").checkpoint({"step": 1})
+        primary.get_head = get_head  # type: ignore[method-assign]
+        assert set(read) == {"b2"}, read
+        report = compare_stores(store, store.mirror)  # type: ignore[arg-type]
+        assert report.ok and not report.behind, report.to_dict()
+    with stashpoint.open(mirror_url) as mirror:
+        assert mirror.meta.branches("s")["b2"] == on_b2.id
+        assert len(mirror.meta.branches("s")) == 6

@@ -192,8 +192,10 @@ class _Replicator:
             if ref is not None:
                 self.log(ref.log)
 
-    def heads(self, session: str) -> None:
-        for branch in self.p.meta.branches(session):
+    def heads(self, session: str, only: str | None = None) -> None:
+        """Copy the session's branch heads; ``only``: the one branch a write just moved (every
+        earlier failure is caught up by ``sync``, so the others need no reads)."""
+        for branch in [only] if only is not None else self.p.meta.branches(session):
             for _attempt in range(5):
                 current = self.m.meta.get_head(session, branch)
                 # The primary's head read after the mirror's: a writer copies its head to the
@@ -274,7 +276,7 @@ class _MirroredMeta(ForwardingStore):
         def copy(rep: _Replicator) -> None:
             rep.checkpoint(row.id)
             if commit.move_head:
-                rep.heads(row.session)
+                rep.heads(row.session, row.branch)
 
         self._then_mirror(copy)
 
@@ -288,7 +290,7 @@ class _MirroredMeta(ForwardingStore):
         fence: Fence | None = None,
     ) -> None:
         self.inner.set_head(session, branch, new, expected, fence=fence)
-        self._then_mirror(lambda rep: rep.heads(session))
+        self._then_mirror(lambda rep: rep.heads(session, branch))
 
     def set_label(self, ident: str, session: str, label: str | None) -> None:
         self.inner.set_label(ident, session, label)
