@@ -159,6 +159,31 @@ def test_a_racy_file_is_re_read_but_not_stored_again(
     assert result.read_files == 1 and len(pending) >= 2  # the new content and its tree
 
 
+def test_a_large_file_stays_racy_while_one_write_could_still_be_copying_it(
+    tmp_path: Path, store: stashpoint.Store
+) -> None:
+    """One ``write()`` stamps a file's times before it copies the bytes: a scan 30 ms later
+    may read a large file half-written, with times that no longer change. So the window
+    grows with the size: the large file is read again at the next scan, the small one with
+    the same mtime is trusted."""
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    big, small = ws / "big.bin", ws / "small.txt"
+    with open(big, "wb") as f:
+        f.truncate(32 << 20)  # sparse: cheap to write and read, 32 MiB by its stat
+    small.write_text("small\n")
+    ago = time.time_ns() - 30_000_000
+    ago += 1 if ago % 10**9 == 0 else 0  # a nanosecond mtime, not a whole second
+    for p in (big, small):
+        os.utime(p, ns=(ago, ago))
+    run = store.session("s", workspace=ws)
+    run.checkpoint()
+    assert run.workspace is not None
+    result, _ = run.workspace.scan()
+    assert result.read_files == 1  # big.bin again: 32 MiB keeps it racy for ~0.35 s
+    assert result.read_bytes == 32 << 20
+
+
 def test_a_whole_second_mtime_is_racy_for_seconds(tmp_path: Path, store: stashpoint.Store) -> None:
     """On a filesystem that keeps whole seconds (ext3, HFS+, FAT), an edit in the same second
     as the scan leaves the stat as it was: such a file stays racy for seconds, not one tick,

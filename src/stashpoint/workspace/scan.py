@@ -340,7 +340,7 @@ class Scanner:
                 self._result.read_bytes += size
                 if self.progress is not None:
                     self.progress(self._result.read_files, self._result.read_bytes)
-                racy = is_racy(after.st_mtime_ns, self._racy)
+                racy = is_racy(after.st_mtime_ns, self._racy, size)
                 # A racy file is re-read next time (its stat may not change with its content:
                 # mtime -1 never matches), but its entry still says the name is not ignored.
                 self.new.files[rel] = (

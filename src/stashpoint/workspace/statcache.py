@@ -12,7 +12,8 @@ after an edit.
 Linux's multigrain timestamps (6.13+: a change after a stat gets a later ctime) do not make the
 window unnecessary: a write stamps the inode before it copies its bytes, so a scan can see the
 final ctime, read the old bytes, and see the same ctime again after the read. Only the window
-sends such a file back for a second read (measured: a 64 MiB in-place write read mid-copy).
+sends such a file back for a second read (measured: a 64 MiB in-place write read mid-copy),
+which is why it grows with the file's size (:data:`COPY_NS_PER_BYTE`).
 
 The cache is a hint: a missing, stale or corrupt cache file only costs a re-hash, never
 correctness. It records the store id and GC epoch, so blobs it vouches for are known to exist.
@@ -31,6 +32,7 @@ import msgspec
 from .._fsutil import atomic_write, mkdir_private
 
 __all__ = [
+    "COPY_NS_PER_BYTE",
     "RACY_WINDOW_NS",
     "WHOLE_SECOND_RACY_WINDOW_NS",
     "FileCacheEntry",
@@ -72,9 +74,19 @@ def racy_after(now_ns: int) -> tuple[int, int]:
     return now_ns - RACY_WINDOW_NS, now_ns - WHOLE_SECOND_RACY_WINDOW_NS
 
 
-def is_racy(mtime_ns: int, after: tuple[int, int]) -> bool:
-    """Whether a stat with this mtime cannot vouch for the content read with it."""
-    return mtime_ns >= (after[0] if mtime_ns % _SECOND else after[1])
+COPY_NS_PER_BYTE = 10
+"""How long one ``write()`` may still be copying a file's bytes after stamping its times, per
+byte: 100 MB/s, a tenth of a loaded machine's page-cache copy rate. A single 64 MiB write
+stays racy for ~0.7 s, a 2 KiB file for 20 us more than the tick window."""
+
+
+def is_racy(mtime_ns: int, after: tuple[int, int], size: int = 0) -> bool:
+    """Whether a stat with this mtime cannot vouch for the content read with it.
+
+    ``size`` widens the window: a ``write()`` stamps the file before it copies, and one large
+    call can copy for longer than a tick, so a scan could read it half-written with times
+    that no longer change; racy, it is read again at the next scan."""
+    return mtime_ns >= (after[0] if mtime_ns % _SECOND else after[1]) - size * COPY_NS_PER_BYTE
 
 
 _VERSION = 3
