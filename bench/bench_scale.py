@@ -196,13 +196,30 @@ def _sp_worker(
         out.put({"seed": seed, "error": traceback.format_exc()})
 
 
+def lg_put_args(step: int, version: Any, message: dict[str, Any]) -> tuple[Any, Any, Any]:
+    """What LangGraph's loop passes to ``put`` after a step of the peer's small fixed state:
+    the checkpoint, its metadata and the channel versions that moved."""
+    import datetime
+
+    from langgraph.checkpoint.base import LATEST_VERSION
+    from langgraph.checkpoint.base.id import uuid6
+
+    checkpoint: Any = {
+        "v": LATEST_VERSION,
+        "id": str(uuid6(clock_seq=step)),
+        "ts": datetime.datetime.now(datetime.timezone.utc).isoformat(),
+        "channel_values": {"counter": step, "messages": [message]},
+        "channel_versions": {"counter": version, "messages": version},
+        "versions_seen": {"agent": {"counter": version, "messages": version}},
+        "updated_channels": ["counter", "messages"],
+    }
+    meta: Any = {"source": "loop", "step": step, "parents": {}}
+    return checkpoint, meta, {"counter": version, "messages": version}
+
+
 def _lg_worker(url: str, thread: str, per: int, seed: int, barrier: Any, out: Any) -> None:
     """``per`` LangGraph ``PostgresSaver.put`` calls on ``thread``, as LangGraph's loop makes."""
     try:
-        import datetime
-
-        from langgraph.checkpoint.base import LATEST_VERSION
-        from langgraph.checkpoint.base.id import uuid6
         from langgraph.checkpoint.postgres import PostgresSaver
 
         msgs_all = _messages(per + 1, seed)
@@ -213,19 +230,7 @@ def _lg_worker(url: str, thread: str, per: int, seed: int, barrier: Any, out: An
             def put(step: int) -> Any:
                 nonlocal version
                 version = saver.get_next_version(version, None)
-                checkpoint: Any = {
-                    "v": LATEST_VERSION,
-                    "id": str(uuid6(clock_seq=step)),
-                    "ts": datetime.datetime.now(datetime.timezone.utc).isoformat(),
-                    "channel_values": {"counter": step, "messages": [msgs_all[step]]},
-                    "channel_versions": {"counter": version, "messages": version},
-                    "versions_seen": {"agent": {"counter": version, "messages": version}},
-                    "updated_channels": ["counter", "messages"],
-                }
-                meta: Any = {"source": "loop", "step": step, "parents": {}}
-                return saver.put(
-                    config, checkpoint, meta, {"counter": version, "messages": version}
-                )
+                return saver.put(config, *lg_put_args(step, version, msgs_all[step]))
 
             config = put(0)  # warm-up
             ids = [config["configurable"]["checkpoint_id"]]
@@ -614,14 +619,40 @@ def run(cfg: Config) -> dict[str, Any]:
 # -- profile ---------------------------------------------------------------------------------
 
 
+@contextmanager
+def lone_worker(
+    tag: str, per: int, *, query: str = "", files: bool = True
+) -> Iterator[tuple[Any, Callable[[int], dict[str, Any]]]]:
+    """One worker's session on a fresh schema (``query`` appended to its URL), warmed up by
+    one checkpoint, and ``prepare(i)``: rewrite one file, return the state of step ``i``."""
+    import stashpoint
+
+    tmp = Path(tempfile.mkdtemp(prefix=f"sp-bench-{tag}-"))
+    try:
+        with pg_schema(pg_base(), tag) as url:
+            ws = tmp / "ws"
+            ws.mkdir()
+            written = _make_workspace(ws, 0)
+            msgs = _messages(per + 1, 0)
+            with stashpoint.open(url + query) as store:  # the URL has a query already
+                run = store.session("w0", workspace=ws if files else None)
+                run.checkpoint({"messages": msgs[:1], "counter": 0})
+
+                def prepare(i: int) -> dict[str, Any]:
+                    _touch(written, i, "w0")  # with or without a workspace: the same work
+                    return {"messages": msgs[: i + 1], "counter": i}
+
+                yield run, prepare
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
 def profile(per: int = 200) -> None:
     """One PostgreSQL worker alone, under cProfile, counting the SQL statements it issues."""
     import cProfile
     import pstats
 
     import psycopg
-
-    import stashpoint
 
     counts: dict[str, int] = {"execute": 0, "executemany": 0, "commit/tx": 0}
     orig_exec, orig_many = psycopg.Cursor.execute, psycopg.Cursor.executemany
@@ -644,31 +675,21 @@ def profile(per: int = 200) -> None:
         counts["commit/tx"] += 1
         return orig_tx(self, *a, **k)
 
-    tmp = Path(tempfile.mkdtemp(prefix="sp-bench-scale-prof-"))
     try:
-        with pg_schema(pg_base(), "prof") as url:
-            ws = tmp / "ws"
-            ws.mkdir()
-            files = _make_workspace(ws, 0)
-            msgs = _messages(per + 1, 0)
-            store = stashpoint.open(url)
-            run_ = store.session("w0", workspace=ws)
-            run_.checkpoint({"messages": msgs[:1], "counter": 0})
+        with lone_worker("prof", per) as (run_, prepare):
             psycopg.Cursor.execute = execute  # type: ignore[method-assign]
             psycopg.Cursor.executemany = executemany  # type: ignore[method-assign]
             psycopg.Connection.transaction = transaction  # type: ignore[method-assign]
             prof = cProfile.Profile()
             t0 = time.perf_counter()
             for i in range(1, per + 1):
-                _touch(files, i, "w0")
-                st = {"messages": msgs[: i + 1], "counter": i}
+                st = prepare(i)
                 prof.enable()
                 run_.checkpoint(st)
                 prof.disable()
             took = time.perf_counter() - t0
             psycopg.Cursor.execute, psycopg.Cursor.executemany = orig_exec, orig_many  # type: ignore[method-assign]
             psycopg.Connection.transaction = orig_tx  # type: ignore[method-assign]
-            store.close()
         print(f"{per} checkpoints, one worker alone: {took / per * 1000:.2f} ms each (profiled)")
         print(
             f"per checkpoint: {counts['execute'] / per:.1f} execute + "
@@ -682,7 +703,6 @@ def profile(per: int = 200) -> None:
     finally:
         psycopg.Cursor.execute, psycopg.Cursor.executemany = orig_exec, orig_many  # type: ignore[method-assign]
         psycopg.Connection.transaction = orig_tx  # type: ignore[method-assign]
-        shutil.rmtree(tmp, ignore_errors=True)
 
 
 if __name__ == "__main__":

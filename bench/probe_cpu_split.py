@@ -16,11 +16,8 @@ its server backends (``/proc/<pid>/stat``), for
 
 from __future__ import annotations
 
-import datetime
 import os
-import shutil
 import sys
-import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -29,7 +26,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _common import pg_base, pg_schema
-from bench_scale import _make_workspace, _messages, _touch
+from bench_scale import _messages, lg_put_args, lone_worker
 
 
 def _backend_cpu(pids: list[int]) -> float:
@@ -62,31 +59,11 @@ def _measure(n: int, step: Callable[[int], Any]) -> tuple[float, float, float]:
 
 
 def stashpoint_variant(n: int, query: str, files: bool) -> tuple[float, float, float]:
-    import stashpoint
-
-    tmp = Path(tempfile.mkdtemp(prefix="sp-probe-cpu-"))
-    try:
-        with pg_schema(pg_base(), "cpu") as url:
-            ws = tmp / "ws"
-            ws.mkdir()
-            written = _make_workspace(ws, 0)
-            msgs = _messages(n + 1, 0)
-            with stashpoint.open(url + query) as store:  # url has a query already
-                run = store.session("w0", workspace=ws if files else None)
-                run.checkpoint({"messages": msgs[:1], "counter": 0})
-
-                def step(i: int) -> None:
-                    _touch(written, i, "w0")  # in every variant: the same work outside
-                    run.checkpoint({"messages": msgs[: i + 1], "counter": i})
-
-                return _measure(n, step)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+    with lone_worker("cpu", n, query=query, files=files) as (run, prepare):
+        return _measure(n, lambda i: run.checkpoint(prepare(i)))
 
 
 def langgraph_variant(n: int) -> tuple[float, float, float]:
-    from langgraph.checkpoint.base import LATEST_VERSION
-    from langgraph.checkpoint.base.id import uuid6
     from langgraph.checkpoint.postgres import PostgresSaver
 
     msgs = _messages(n + 1, 0)
@@ -98,17 +75,7 @@ def langgraph_variant(n: int) -> tuple[float, float, float]:
         def step(i: int) -> None:
             nonlocal config, version
             version = saver.get_next_version(version, None)
-            checkpoint: Any = {
-                "v": LATEST_VERSION,
-                "id": str(uuid6(clock_seq=i)),
-                "ts": datetime.datetime.now(datetime.timezone.utc).isoformat(),
-                "channel_values": {"counter": i, "messages": [msgs[i]]},
-                "channel_versions": {"counter": version, "messages": version},
-                "versions_seen": {"agent": {"counter": version, "messages": version}},
-                "updated_channels": ["counter", "messages"],
-            }
-            meta: Any = {"source": "loop", "step": i, "parents": {}}
-            config = saver.put(config, checkpoint, meta, {"counter": version, "messages": version})
+            config = saver.put(config, *lg_put_args(i, version, msgs[i]))
 
         step(0)
         return _measure(n, step)
