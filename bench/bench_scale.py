@@ -654,7 +654,10 @@ def profile(per: int = 200) -> None:
 
     import psycopg
 
-    counts: dict[str, int] = {"execute": 0, "executemany": 0, "commit/tx": 0}
+    from stashpoint.stores.postgres import PostgresStore
+
+    counts: dict[str, int] = {"execute": 0, "executemany": 0, "commit/tx": 0, "libpq": 0}
+    orig_libpq = PostgresStore._libpq_call
     orig_exec, orig_many = psycopg.Cursor.execute, psycopg.Cursor.executemany
     orig_tx = psycopg.Connection.transaction
     stmts: dict[str, int] = {}
@@ -675,11 +678,18 @@ def profile(per: int = 200) -> None:
         counts["commit/tx"] += 1
         return orig_tx(self, *a, **k)
 
+    def libpq_call(self: Any, sql: bytes, *a: Any) -> Any:  # the hot path, beside psycopg
+        counts["libpq"] += 1
+        key = "LIBPQ " + sql.decode()[:84]
+        stmts[key] = stmts.get(key, 0) + 1
+        return orig_libpq(self, sql, *a)
+
     try:
         with lone_worker("prof", per) as (run_, prepare):
             psycopg.Cursor.execute = execute  # type: ignore[method-assign]
             psycopg.Cursor.executemany = executemany  # type: ignore[method-assign]
             psycopg.Connection.transaction = transaction  # type: ignore[method-assign]
+            PostgresStore._libpq_call = libpq_call  # type: ignore[method-assign]
             prof = cProfile.Profile()
             t0 = time.perf_counter()
             for i in range(1, per + 1):
@@ -692,7 +702,8 @@ def profile(per: int = 200) -> None:
             psycopg.Connection.transaction = orig_tx  # type: ignore[method-assign]
         print(f"{per} checkpoints, one worker alone: {took / per * 1000:.2f} ms each (profiled)")
         print(
-            f"per checkpoint: {counts['execute'] / per:.1f} execute + "
+            f"per checkpoint: {counts['libpq'] / per:.1f} libpq calls, "
+            f"{counts['execute'] / per:.1f} execute + "
             f"{counts['executemany'] / per:.1f} executemany calls, "
             f"{counts['commit/tx'] / per:.1f} transactions"
         )
@@ -703,6 +714,7 @@ def profile(per: int = 200) -> None:
     finally:
         psycopg.Cursor.execute, psycopg.Cursor.executemany = orig_exec, orig_many  # type: ignore[method-assign]
         psycopg.Connection.transaction = orig_tx  # type: ignore[method-assign]
+        PostgresStore._libpq_call = orig_libpq  # type: ignore[method-assign]
 
 
 if __name__ == "__main__":
