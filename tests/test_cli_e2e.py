@@ -708,12 +708,12 @@ def test_failed_rewind_into_damaged_checkpoint_leaves_everything_usable(
 def test_the_commands_an_agent_hook_runs_import_no_asyncio(tmp_path: Path) -> None:
     """A coding agent's hook runs the CLI after every tool call: asyncio (~20 ms to import)
     is for async code only, not for a snapshot, a log or a rewind; nor are the durable-
-    execution engine (~8 ms), thread pools, ctypes (file watching), temporary files or
-    sockets, for a snapshot or a log."""
+    execution engine (~8 ms), thread pools, ctypes (file watching), temporary files,
+    sockets or logging, for a snapshot or a log."""
     import sys
 
     (tmp_path / "f.txt").write_text("one\n")
-    heavy = ["stashpoint.durable", "concurrent.futures", "ctypes", "tempfile", "socket"]
+    heavy = ["stashpoint.durable", "concurrent.futures", "ctypes", "tempfile", "socket", "logging"]
     code = (
         f"import runpy, sys\nHEAVY = {heavy!r}\n"
         "for args in (['snap', '-m', 'a'], ['snap', '-m', 'b'], ['log'], ['rewind', 'HEAD~1']):\n"

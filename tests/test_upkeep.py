@@ -121,3 +121,16 @@ def test_cli_save_auto_and_du(sp: Any, tmp_path: Path) -> None:
     assert "automatic upkeep: off" in sp("du", cwd=ws).out
     bad = sp("prune", "--max-size", "1M", cwd=ws, check=False)
     assert bad.code == 1 and "--save or --auto" in bad.err
+
+
+def test_upkeep_that_fails_on_close_logs_a_warning_and_never_raises(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    import logging
+
+    store = stashpoint.open(tmp_path / "s")
+    store.session("a").checkpoint({"x": 1})
+    store.meta.close()  # its database gone from under it: upkeep cannot even read its policy
+    with caplog.at_level(logging.WARNING, logger="stashpoint"):
+        assert upkeep.run_if_due(store) is None
+    assert f"stashpoint upkeep of {store.url} failed; retried later" in caplog.text

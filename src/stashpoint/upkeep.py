@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import datetime as dt
 import json
-import logging
 import re
 import time
 from collections.abc import Iterator
@@ -30,6 +29,8 @@ from .errors import UsageError
 from .retention import DEFAULT_POLICY, Policy, apply, parse_duration, plan_session
 
 if TYPE_CHECKING:
+    import logging
+
     from ._store import Store
     from .gc import GcReport
 
@@ -52,7 +53,14 @@ LAST_META = "upkeep:last"
 DEFAULT_BUDGET = 10 << 30
 DEFAULT_EVERY = dt.timedelta(days=1)
 
-log = logging.getLogger("stashpoint")
+
+def _log() -> logging.Logger:
+    """The ``stashpoint`` logger, imported when there is something to say: ``logging`` costs
+    every CLI run ~5 ms (store.close() loads this module to see whether upkeep is due)."""
+    import logging
+
+    return logging.getLogger("stashpoint")
+
 
 _SIZE = re.compile(r"(\d+(?:\.\d+)?)\s*([kmgt]?)(i?b?)", re.IGNORECASE)
 _SCALE = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
@@ -222,7 +230,7 @@ def run(store: Store, upkeep: Upkeep | None = None, *, dry_run: bool = False) ->
                 _account(report, gc)
         report.over_budget = report.kept_bytes > upkeep.max_bytes
         if report.over_budget:
-            log.warning(
+            _log().warning(
                 "stashpoint store %s: kept checkpoints reference %s, over its %s budget, with "
                 "only branch heads, labelled checkpoints and milestones left; raise the budget "
                 "(stashpoint prune --save --max-size SIZE) or remove labels",
@@ -247,7 +255,7 @@ def run_if_due(store: Store) -> UpkeepReport | None:
             return None
         return run(store, upkeep)
     except Exception:
-        log.warning("stashpoint upkeep of %s failed; retried later", store.url, exc_info=True)
+        _log().warning("stashpoint upkeep of %s failed; retried later", store.url, exc_info=True)
         return None
 
 
