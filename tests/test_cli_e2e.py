@@ -705,7 +705,7 @@ def test_failed_rewind_into_damaged_checkpoint_leaves_everything_usable(
     sp("log", cwd=ws)
 
 
-def test_the_commands_an_agent_hook_runs_import_no_asyncio(tmp_path: Path) -> None:
+def test_the_commands_an_agent_hook_runs_import_only_what_they_use(tmp_path: Path) -> None:
     """A coding agent's hook runs the CLI after every tool call: asyncio (~20 ms to import)
     is for async code only, not for a snapshot, a log or a rewind; nor are the durable-
     execution engine (~8 ms), thread pools, ctypes (file watching), temporary files,
