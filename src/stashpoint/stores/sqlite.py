@@ -12,7 +12,9 @@ import os
 import sqlite3
 import threading
 import time
-from collections.abc import Callable, Sequence
+import weakref
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +22,11 @@ from .._fsutil import mkdir_private
 from ..errors import ConflictError, SchemaVersionError, StoreError
 from ._sql import TABLES, TABLES_V2, TABLES_V3, SqlStore
 from .base import Commit
+
+try:
+    import fcntl
+except ImportError:  # pragma: no cover - Windows: SQLite's own locking only
+    fcntl = None  # type: ignore[assignment]
 
 __all__ = ["SqliteStore"]
 
@@ -51,6 +58,7 @@ class SqliteStore(SqlStore):
             else f"SQLite WAL, synchronous={synchronous}: a power loss may drop recent ones"
         )
         self._lock = threading.RLock()
+        self._writers = _WriterQueue(f"{self.path}-writers")
         self._wal_target = 0
         self._commits = 0
         try:
@@ -166,8 +174,8 @@ class SqliteStore(SqlStore):
                 raise StoreError(f"SQLite read failed: {exc}") from exc
 
     def _tx(self, fn: Callable[..., Any], *args: Any) -> Any:
-        """Run ``fn(db, *args)`` inside BEGIN IMMEDIATE ... COMMIT."""
-        with self._lock:
+        """Run ``fn(db, *args)`` inside BEGIN IMMEDIATE ... COMMIT, in this process's turn."""
+        with self._lock, self._writers.turn():
             db = self._db
             try:
                 db.execute("BEGIN IMMEDIATE")
@@ -237,6 +245,82 @@ class SqliteStore(SqlStore):
     def close(self) -> None:
         with self._lock:
             self._db.close()
+            self._writers.close()
+
+
+_held = threading.local()
+"""The writer-queue files this thread is in the front of (a second store object on the same
+database, used from inside the first one's transaction, must not wait for itself)."""
+
+
+class _WriterQueue:
+    """Processes writing one database wait for their turn in the kernel (an ``flock`` on a
+    file beside it) instead of in SQLite's busy handler.
+
+    Why: SQLite answers a busy write lock by sleeping 1, 2, 5, 10 … up to 100 ms between
+    tries, so a commit that needed the lock for 0.3 ms often slept 25-100 ms after it was
+    free: with 8 processes writing, p99 was 80 ms at a p50 of 0.6 ms, and a process could be
+    passed over again and again. A blocked ``flock`` is woken the moment its holder lets go.
+
+    Only a queue in front of SQLite's own lock, which still decides: where the file cannot be
+    made or locked (a read-only directory, a file system without locks) writers go straight
+    to SQLite, as before. A forked child closes its inherited descriptor at once
+    (:func:`_after_fork`): it shares the parent's lock, so the child would walk past a parent
+    holding the turn, and would keep that turn held if the parent died holding it."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self._fd: int | None = None
+        self._off = fcntl is None
+        _queues.add(self)
+
+    @contextmanager
+    def turn(self) -> Iterator[None]:
+        held: set[str] | None = getattr(_held, "paths", None)
+        if held is None:
+            held = _held.paths = set()
+        fd = None if self._off or self.path in held else self._wait()
+        if fd is None:
+            yield
+            return
+        held.add(self.path)
+        try:
+            yield
+        finally:
+            held.discard(self.path)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_UN)
+            except OSError:  # pragma: no cover - an unlock does not fail on a valid fd
+                self.close()
+
+    def _wait(self) -> int | None:
+        try:
+            if self._fd is None:
+                self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+            fcntl.flock(self._fd, fcntl.LOCK_EX)
+        except OSError:
+            self.close()
+            self._off = True  # SQLite's busy handler from now on
+            return None
+        return self._fd
+
+    def close(self) -> None:
+        fd, self._fd = self._fd, None
+        if fd is not None:
+            os.close(fd)  # in a forked child: its copy only; the parent's lock stays
+
+
+_queues: weakref.WeakSet[_WriterQueue] = weakref.WeakSet()
+
+
+def _after_fork() -> None:
+    _held.paths = set()  # a turn the parent's thread was in is not the child's
+    for queue in list(_queues):
+        queue.close()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork)
 
 
 def _full(path: Path) -> str:
