@@ -175,3 +175,138 @@ def test_prepare_false_in_the_url_prepares_nothing(pg_url: str) -> None:
             store.session("s").checkpoint({"step": i})
         assert _prepared_names(store.meta) == []
         assert len(store.session("s").history()) == 3
+
+
+def test_commits_storing_the_same_new_blobs_in_opposite_orders_all_land(pg_url: str) -> None:
+    """Each writer inserts blobs in digest order: in caller order, two commits sharing new
+    blobs waited for each other's rows and PostgreSQL killed one (a lost checkpoint)."""
+    import hashlib
+    import threading
+
+    from stashpoint.stores.base import BlobRow, CheckpointRow, Commit
+    from stashpoint.stores.postgres import PostgresStore
+
+    store = PostgresStore(pg_url + "&pool_max=2")
+    failures: list[BaseException] = []
+    for rnd in range(3):
+        blobs = [
+            BlobRow(hashlib.sha256(f"{rnd}-{i}".encode()).digest(), 0, 10, b"x" * 10)
+            for i in range(800)
+        ]
+        barrier = threading.Barrier(2)
+
+        def commit(
+            name: str, rows: list[BlobRow], rnd: int = rnd, barrier: threading.Barrier = barrier
+        ) -> None:
+            row = CheckpointRow(f"0{rnd}{name}", f"s{rnd}{name}", "main", None, b"b", "d")
+            barrier.wait()
+            try:
+                store.commit(Commit(row, None, blobs=rows))
+            except BaseException as exc:
+                failures.append(exc)
+
+        threads = [
+            threading.Thread(target=commit, args=("A", blobs)),
+            threading.Thread(target=commit, args=("B", blobs[::-1])),
+        ]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    assert failures == []
+    assert len(store.has_blobs(b.digest for b in blobs)) == 800
+    store.close()
+
+
+def test_a_deadlock_the_server_broke_is_a_conflict_to_retry(pg_url: str) -> None:
+    """PostgreSQL rolls a deadlock victim back whole: the session may retry it, so it is a
+    ConflictError, not a StoreError that would end the agent's checkpoint."""
+    import threading
+
+    from stashpoint.errors import ConflictError
+    from stashpoint.stores.postgres import PostgresStore
+
+    store = PostgresStore(pg_url + "&pool_max=2")
+    store.set_meta("a", "0")
+    store.set_meta("b", "0")
+    barrier = threading.Barrier(2)
+    errors: list[BaseException] = []
+
+    def cross(first: str, second: str) -> None:
+        def do(cur: object) -> None:
+            store._exec(cur, "UPDATE {t}meta SET value='1' WHERE key=?", (first,))
+            barrier.wait()
+            store._exec(cur, "UPDATE {t}meta SET value='1' WHERE key=?", (second,))
+
+        try:
+            store._tx(do)
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=cross, args=p) for p in (("a", "b"), ("b", "a"))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(errors) == 1 and isinstance(errors[0], ConflictError), errors
+    assert "deadlock" in str(errors[0])
+    store.close()
+
+
+def test_a_pooled_connection_that_died_while_idle_fails_a_commit_with_a_store_error(
+    pg_url: str,
+) -> None:
+    """The first commit on a connection prepares its statement; on a dead connection the
+    prepare fails and the plain call raised psycopg's own error, past the error mapping."""
+    import psycopg
+
+    from stashpoint.errors import StoreError
+    from stashpoint.stores.base import CheckpointRow, Commit
+    from stashpoint.stores.postgres import PostgresStore
+
+    store = PostgresStore(pg_url + "&pool_max=1")
+    (pid,) = store._read("SELECT pg_backend_pid()")[0]
+    with psycopg.connect(BASE_URL, autocommit=True) as db:
+        db.execute("SELECT pg_terminate_backend(%s)", (pid,))
+    row = CheckpointRow("01A", "s", "main", None, b"body", "d")
+    with pytest.raises(StoreError, match="PostgreSQL failed"):
+        store.commit(Commit(row, None))
+    store.commit(Commit(row, None))  # the pool replaced the broken connection
+    assert store.get_head("s", "main") == "01A"
+    store.close()
+
+
+def test_an_application_role_without_create_rights_opens_an_up_to_date_store(
+    pg_url: str,
+) -> None:
+    """The usual deployment: the owner migrates, the agents connect as a role that may read
+    and write the tables and call the functions but not create anything."""
+    from urllib.parse import urlsplit, urlunsplit
+
+    import psycopg
+
+    import stashpoint
+
+    if urlsplit(pg_url).password:
+        pytest.skip("the test role logs in without a password (a trust-auth server)")
+    schema = pg_url.rsplit("%3D", 1)[1]
+    role = "sp_app_" + uuid.uuid4().hex[:8]
+    stashpoint.open(pg_url).close()  # migrated by the owner
+    with psycopg.connect(BASE_URL, autocommit=True) as db:
+        db.execute(f"CREATE ROLE {role} LOGIN")
+        db.execute(f"GRANT USAGE ON SCHEMA {schema} TO {role}")
+        db.execute(
+            f"GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA {schema} TO {role}"
+        )
+        db.execute(f"GRANT EXECUTE ON ALL FUNCTIONS IN SCHEMA {schema} TO {role}")
+    try:
+        parts = urlsplit(pg_url)
+        app_url = urlunsplit(parts._replace(netloc=f"{role}@{parts.netloc.rsplit('@', 1)[-1]}"))
+        with stashpoint.open(app_url) as store:
+            session = store.session("s")
+            session.checkpoint({"n": 1})
+            assert session.state() == {"n": 1}
+    finally:
+        with psycopg.connect(BASE_URL, autocommit=True) as db:
+            db.execute(f"DROP OWNED BY {role}")
+            db.execute(f"DROP ROLE {role}")

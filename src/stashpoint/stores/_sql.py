@@ -147,7 +147,11 @@ class SqlStore(MetadataStore):
 
     def _insert_blobs(self, cur: Any, blobs: Sequence[BlobRow]) -> None:
         """Insert blobs and revive them: marks go first, so a GC claiming the same marks
-        either waits for us (and finds none) or has deleted the row we then insert."""
+        either waits for us (and finds none) or has deleted the row we then insert.
+
+        In digest order: two writers storing the same new blobs in different orders would
+        each wait for a row the other inserted (PostgreSQL: a deadlock, one write lost)."""
+        blobs = sorted(blobs, key=_digest)
         if cur.execute(self.sql("SELECT 1 FROM {t}condemned LIMIT 1")).fetchone():
             cur.executemany(
                 self.sql("DELETE FROM {t}condemned WHERE digest=?"), [(b.digest,) for b in blobs]
@@ -600,6 +604,10 @@ class SqlStore(MetadataStore):
             return moved
 
         return self._tx(do) if changes else 0
+
+
+def _digest(blob: BlobRow) -> bytes:
+    return blob.digest
 
 
 def _checkpoint_row(r: Any) -> CheckpointRow:

@@ -35,7 +35,7 @@ from typing import Any
 from urllib.parse import parse_qsl, quote, urlencode, urlsplit, urlunsplit
 
 from ..errors import ConflictError, LeaseHeld, LeaseLost, SchemaVersionError, StoreError, UsageError
-from ._sql import TABLES, TABLES_V2, TABLES_V3, SqlStore
+from ._sql import TABLES, TABLES_V2, TABLES_V3, SqlStore, _digest
 from .base import Commit, GcEpochChanged, LogAppend
 
 __all__ = ["PostgresStore"]
@@ -204,6 +204,9 @@ def _binary(value: Any, oid: int, encoding: str) -> bytes | None:
 
 
 _OUR_PARAMS = ("pool_max", "prepare")
+_RETRY = ("40P01", "40001")
+"""Deadlock and serialization failure: the server rolled the transaction back, nothing was
+written, and the same write may well succeed again (the session retries conflicts)."""
 _NOT_PREPARED = ("26000", "0A000")
 """SQLSTATEs of a prepared statement the server does not have (a pooler moved us to another
 server connection, ``DISCARD ALL``) or can no longer run as planned ("cached plan must not
@@ -286,6 +289,16 @@ class PostgresStore(SqlStore):
             self._pool.putconn(conn)
 
     def _migrate(self) -> None:
+        """Bring the schema to SCHEMA_VERSION under a lock, unless a plain read shows it there
+        already: an application role with only read/write rights on the tables (no CREATE
+        on the schema) opens an up-to-date store, and an open takes no lock."""
+        try:
+            rows = self._read("SELECT version FROM sp_version")
+        except StoreError:
+            rows = []  # no table yet (or no right to read it: the locked path says which)
+        if rows and rows[0][0] == SCHEMA_VERSION:
+            return
+
         def do(cur: Any) -> None:
             cur.execute("SELECT pg_advisory_xact_lock(%s)", (_LOCK_KEY,))
             cur.execute("CREATE TABLE IF NOT EXISTS sp_version(version INTEGER NOT NULL)")
@@ -318,6 +331,8 @@ class PostgresStore(SqlStore):
         text = str(exc).split("\n", 1)[0]
         if isinstance(exc, self._errors.UniqueViolation):
             return ConflictError(f"another writer got there first: {text}")
+        if state in _RETRY:
+            return ConflictError(f"{text}; PostgreSQL undid this write: try again")
         if state in ("SP001", "SP002"):
             return ConflictError(f"{text}; another writer checkpointed first")
         if state == "SP003":
@@ -358,6 +373,8 @@ class PostgresStore(SqlStore):
                     failed = self._errors.error_from_result(res, encoding=encoding)
                     raise self._mapped(failed) from failed
                 value = res.get_value(0, 0)
+        except self._errors.Error as exc:  # the connection died while it idled in the pool
+            raise self._mapped(exc) from exc
         finally:
             self._pool.putconn(conn)  # a broken connection is discarded and replaced
         return None if value is None else bytes(value).decode(encoding)
@@ -407,6 +424,7 @@ class PostgresStore(SqlStore):
         r = c.row
         a = c.append
         fence = c.fence
+        blobs = sorted(c.blobs, key=_digest)  # in one order for every writer: no deadlock
         epoch = self._libpq_call(
             _COMMIT if c.durable else _COMMIT_DEFERRED,
             _COMMIT_TYPES,
@@ -423,10 +441,10 @@ class PostgresStore(SqlStore):
                 None if fence is None else fence.session,
                 None if fence is None else fence.token,
                 *_append_args(a),
-                [b.digest for b in c.blobs],
-                [int(b.codec) for b in c.blobs],
-                [b.size for b in c.blobs],
-                [b.data for b in c.blobs],
+                [b.digest for b in blobs],
+                [int(b.codec) for b in blobs],
+                [b.size for b in blobs],
+                [b.data for b in blobs],
             ),
         )
         self.note_gc_epoch(str(epoch) if epoch is not None else "0")
