@@ -172,27 +172,29 @@ class MemoryStore(MetadataStore):
     def list_checkpoints(
         self, session: str, *, before: str | None = None, limit: int | None = None
     ) -> list[CheckpointRow]:
-        rows = sorted(
-            (r for r in self._checkpoints.values() if r.session == session),
-            key=lambda r: r.id,
-            reverse=True,
-        )
+        with self._lock:  # other threads commit meanwhile (the async API, the web UI)
+            rows = [r for r in self._checkpoints.values() if r.session == session]
+        rows.sort(key=lambda r: r.id, reverse=True)
         if before is not None:
             rows = [r for r in rows if r.id < before]
         return rows[:limit] if limit is not None else rows
 
     def find_ids(self, prefix: str, session: str | None = None) -> list[str]:
-        return sorted(
-            i
-            for i, r in self._checkpoints.items()
-            if i.startswith(prefix) and (session is None or r.session == session)
-        )[:5]
+        with self._lock:
+            found = [
+                i
+                for i, r in self._checkpoints.items()
+                if i.startswith(prefix) and (session is None or r.session == session)
+            ]
+        return sorted(found)[:5]
 
     def sessions(self) -> list[str]:
-        return sorted({s for s, _ in self._heads})
+        with self._lock:
+            return sorted({s for s, _ in self._heads})
 
     def branches(self, session: str) -> dict[str, str]:
-        return {b: c for (s, b), c in self._heads.items() if s == session}
+        with self._lock:
+            return {b: c for (s, b), c in self._heads.items() if s == session}
 
     def set_head(
         self,
@@ -221,7 +223,8 @@ class MemoryStore(MetadataStore):
                 self._labels[ident] = (session, label)
 
     def labels(self, session: str) -> dict[str, str]:
-        return {i: lab for i, (s, lab) in self._labels.items() if s == session}
+        with self._lock:
+            return {i: lab for i, (s, lab) in self._labels.items() if s == session}
 
     # -- maintenance ----------------------------------------------------------------------
     def iter_checkpoints(self) -> Iterator[CheckpointRow]:

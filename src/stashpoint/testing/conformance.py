@@ -189,6 +189,50 @@ class MetadataStoreConformance:
         assert ms.find_ids("01ZZ", session="s") == []
         assert ms.find_ids("0100") == ids[:5]
 
+    def test_readers_while_another_thread_commits(self, ms: MetadataStore) -> None:
+        """One store object shared by threads (the async API's workers, a web server): its
+        readers never see a half-made change or fail while a commit runs."""
+        import threading
+        import time
+
+        made: list[str] = []
+        errors: list[BaseException] = []
+        done = threading.Event()
+
+        def write() -> None:
+            try:
+                until = time.monotonic() + 0.3  # enough commits to interleave, on any backend
+                i = 0
+                while i < 20 or (time.monotonic() < until and i < 5000):
+                    ident = f"0R{i:06d}"
+                    ms.commit(Commit(_row(ident, branch=f"b{i}"), None))
+                    ms.set_label(ident, "s", f"l{i}")
+                    made.append(ident)
+                    i += 1
+            except BaseException as exc:
+                errors.append(exc)
+            finally:
+                done.set()
+
+        def read() -> None:
+            try:
+                while not done.is_set():
+                    assert len(ms.list_checkpoints("s")) <= len(ms.branches("s")) + 1
+                    ms.find_ids("0R")
+                    ms.sessions()
+                    ms.labels("s")
+            except BaseException as exc:
+                errors.append(exc)
+
+        threads = [threading.Thread(target=write), threading.Thread(target=read)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert errors == []
+        assert len(ms.list_checkpoints("s")) == len(ms.branches("s")) == len(made)
+        assert len(ms.labels("s")) == len(made)
+
     def test_labels(self, ms: MetadataStore) -> None:
         ms.commit(Commit(_row("01A"), None))
         ms.set_label("01A", "s", "green")
