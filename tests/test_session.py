@@ -8,6 +8,7 @@ import os
 import sqlite3
 import warnings
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -418,3 +419,30 @@ def test_a_checkpoint_records_the_python_and_stashpoint_versions(store: stashpoi
     cp = store.session("s").checkpoint({"n": 1})
     assert cp.deps["python"] == platform.python_version()
     assert cp.deps["stashpoint"] == stashpoint.__version__
+
+
+@pytest.mark.parametrize("bad", ["", "a\0b", "bad\udcff"])
+def test_session_and_branch_names_every_backend_can_store(tmp_path: Path, bad: str) -> None:
+    """An empty name, a NUL or a byte that is not Unicode (from a command line in another
+    encoding) is refused with a clear error before anything reaches a store driver."""
+    with stashpoint.open(tmp_path / "store") as store:
+        with pytest.raises(UsageError, match="session"):
+            store.session(bad)
+        with pytest.raises(UsageError, match="branch"):
+            store.session("s", branch=bad)
+        run = store.session("s")
+        first = run.checkpoint({"n": 1})
+        if bad:  # an empty fork name means "make one up"
+            with pytest.raises(UsageError, match="branch"):
+                run.fork(first.id, bad)
+        assert store.sessions() == ["s"]
+
+
+def test_the_cli_refuses_a_session_name_that_is_not_unicode(sp: Any, tmp_path: Path) -> None:
+    ws = tmp_path / "proj"
+    ws.mkdir()
+    (ws / "f.txt").write_text("hi")
+    sp("snap", "-m", "one", cwd=ws)
+    res = sp("--session", "bad\udcff", "snap", "-m", "two", cwd=ws, check=False)
+    assert res.code != 0
+    assert "valid Unicode" in res.err and "Traceback" not in res.err

@@ -218,8 +218,7 @@ class Session:
         redact: bool | Mapping[str, str] | Callable[[Any], Any] | None = None,
         durability: Durability | str | None = None,
     ) -> None:
-        if not name or "\0" in name:
-            raise UsageError("a session needs a non-empty name")
+        _check_name("session", name)
         self.redactor = make_redactor(redact, Path(workspace) if workspace is not None else None)
         self._redacted: tuple[list[Any], list[Any]] = ([], [])  # last list: given, redacted
         self.store = store
@@ -245,6 +244,7 @@ class Session:
             )
         if branch is None:
             branch = self._checkout_branch() or "main"
+        _check_name("branch", branch)
         self.branch = branch
         self._head: Checkpoint | None = None
         self._head_loaded = False
@@ -851,6 +851,7 @@ class Session:
             if withdrawn is not None:  # approved arguments must come from the edited state
                 meta["edit"]["withdrew"] = withdrawn.to_dict()
             return self.checkpoint(new, kind="edit", message=message, meta=meta, files=False)
+        _check_name("branch", branch)
         if branch in self.branches():
             raise UsageError(f"branch {branch!r} already exists in session {self.name!r}")
         self.store.meta.set_head(self.name, branch, target.id, None, fence=self.fence)
@@ -1393,8 +1394,7 @@ class Session:
         target = self.get(ref)
         check_not_pruned(self.store, target)
         branch = branch or f"fork-{target.id[-8:].lower()}"
-        if not branch or "\0" in branch:
-            raise UsageError("invalid branch name")
+        _check_name("branch", branch)
         if branch in self.store.meta.branches(self.name):
             raise UsageError(f"branch {branch!r} already exists in session {self.name!r}")
         effects = self.effects(since=target)
@@ -1502,3 +1502,16 @@ def checkpoint_json(cp: Checkpoint, labels: Mapping[str, str] | None = None) -> 
     """The CLI contract's object for a checkpoint (SPEC C19)."""
     d = cp.to_dict(label=(labels or {}).get(cp.id))
     return msgspec.to_builtins(d)  # type: ignore[no-any-return]
+
+
+def _check_name(kind: str, name: str) -> None:
+    """Names are stored as text by every backend: one that is empty, holds NUL or is not
+    valid Unicode (a stray byte from a command line) is refused here, with a clear error."""
+    if not name:
+        raise UsageError(f"a {kind} needs a non-empty name")
+    if "\0" in name:
+        raise UsageError(f"a {kind} name cannot contain NUL: {name!r}")
+    try:
+        name.encode("utf-8")
+    except UnicodeEncodeError:
+        raise UsageError(f"a {kind} name must be valid Unicode: {name!r}") from None
