@@ -18,7 +18,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from .conftest import Result, snapshot_tree
+from .conftest import STASHPOINT, Result, snapshot_tree
 
 Sp = Callable[..., Result]
 
@@ -456,3 +456,31 @@ def test_user_scope_hook_finds_the_project(sp: Sp, tmp_path: Path) -> None:
     assert (repo / ".stashpoint").is_dir() and not (repo / "src" / ".stashpoint").exists()
     show = json.loads(sp("--session", "claude-u1", "show", "--json", cwd=repo).out)
     assert show["manifest"]["root"] == str(repo) and show["manifest"]["files"] == 5
+
+
+def test_a_hook_gives_up_within_its_budget_while_a_gc_holds_the_store(
+    tmp_path: Path,
+) -> None:
+    """A garbage collection holding the store exclusively (its lock on blobs/gc.lock) would
+    keep a hook waiting for minutes, past the agent's own hook timeout: the hook gives up
+    within its budget (STASHPOINT_HOOK_TIMEOUT), exits 0 and logs why."""
+    import fcntl
+
+    ws = project(tmp_path / "proj")
+    env = hook_env(tmp_path, STASHPOINT_HOOK_TIMEOUT="2")
+    command = f"{shlex.join(STASHPOINT)} hooks run claude-code"
+    payload = {"session_id": "s", "hook_event_name": "Stop", "cwd": str(ws)}
+    run_hook(command, ws, env, payload)  # the store and its lock file exist now
+    (lock,) = (ws / ".stashpoint").rglob("gc.lock")
+    fd = os.open(lock, os.O_RDWR)
+    fcntl.flock(fd, fcntl.LOCK_EX)  # what `stashpoint gc` holds while it sweeps
+    try:
+        write(ws / "new.txt", "made while the store was locked\n")
+        run_hook(command, ws, env, payload)  # its own 60 s timeout would fail the test
+    finally:
+        os.close(fd)
+    log = (ws / ".stashpoint" / "hooks.log").read_text().splitlines()
+    failed = [line for line in log if "FAILED" in line]
+    assert len(failed) == 1 and "HookTimeout: gave up after 2 s" in failed[0], log
+    run_hook(command, ws, env, payload)  # once the lock is free, the change is snapshotted
+    assert "FAILED" not in (ws / ".stashpoint" / "hooks.log").read_text().splitlines()[-1]

@@ -14,10 +14,13 @@ when it runs, like every command, so the CLI's cold start stays small (SPEC C19)
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
+import signal
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -584,7 +587,8 @@ def run(ctx: Ctx, agent: str, args: tuple[str, ...], then: str | None) -> None:
     started = time.monotonic()
     hook = _HookRun(ctx, agent)
     try:
-        hook.snapshot(args)
+        with _time_budget(_budget_seconds()):
+            hook.snapshot(args)
     except Exception as exc:  # the agent must never see a failure: log it and carry on
         hook.fail(exc)
     hook.finish(time.monotonic() - started)
@@ -595,6 +599,54 @@ def run(ctx: Ctx, agent: str, args: tuple[str, ...], then: str | None) -> None:
 
         sys.stdout.flush()
         sys.exit(subprocess.call(then, shell=True))
+
+
+BUDGET_S = 30.0
+"""How long a hook may take before it gives up (``STASHPOINT_HOOK_TIMEOUT``; 0: no limit).
+Below the agents' own hook timeouts (Claude Code: 60 s), so a store held by a garbage
+collection or a stuck writer costs the agent a logged, skipped snapshot, not a killed hook."""
+
+
+class HookTimeout(Exception):
+    """The hook's time budget ran out; the snapshot it was taking is abandoned (a checkpoint
+    not committed yet leaves nothing behind, as after a crash)."""
+
+
+def _budget_seconds() -> float:
+    raw = os.environ.get("STASHPOINT_HOOK_TIMEOUT", "")
+    try:
+        return max(0.0, float(raw)) if raw else BUDGET_S
+    except ValueError:
+        return BUDGET_S
+
+
+@contextlib.contextmanager
+def _time_budget(seconds: float) -> Iterator[None]:
+    """Raise :class:`HookTimeout` in this thread after ``seconds`` (SIGALRM: it also ends a
+    wait in ``flock`` or ``sleep``); where there is no such signal, no budget."""
+    if not seconds or not hasattr(signal, "setitimer") or not _in_main_thread():
+        yield
+        return
+
+    def expire(_signum: int, _frame: Any) -> None:
+        raise HookTimeout(
+            f"gave up after {seconds:g} s: the store stayed busy (a garbage collection or "
+            "another writer held it); set STASHPOINT_HOOK_TIMEOUT to wait longer"
+        )
+
+    previous = signal.signal(signal.SIGALRM, expire)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+def _in_main_thread() -> bool:
+    import threading
+
+    return threading.current_thread() is threading.main_thread()
 
 
 class _HookRun:
