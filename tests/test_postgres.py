@@ -310,3 +310,66 @@ def test_an_application_role_without_create_rights_opens_an_up_to_date_store(
         with psycopg.connect(BASE_URL, autocommit=True) as db:
             db.execute(f"DROP OWNED BY {role}")
             db.execute(f"DROP ROLE {role}")
+
+
+def test_a_rewind_racing_retention_never_leaves_a_pruned_head(pg_url: str) -> None:
+    """mark_pruned checks the heads and then inserts its mark; READ COMMITTED let a head move
+    to that checkpoint commit in between (a pruned head: GC frees what it points to). The
+    race is made certain: another transaction holds a mark row for the same checkpoint, so
+    mark_pruned waits at its insert while the head move runs."""
+    import threading
+    import time
+
+    import psycopg
+
+    from stashpoint.errors import PrunedError
+    from stashpoint.stores.base import CheckpointRow, Commit
+    from stashpoint.stores.postgres import PostgresStore
+
+    store = PostgresStore(pg_url + "&pool_max=3")
+    store.commit(Commit(CheckpointRow("01X", "s", "main", None, b"b", "d"), None))
+    store.commit(Commit(CheckpointRow("01Y", "s", "main", "01X", b"b", "d"), "01X"))
+    parked = psycopg.connect(pg_url)  # a transaction left open
+    parked.execute("INSERT INTO sp_pruned VALUES ('01X', 's', 'parked')")
+
+    def waiting() -> int:
+        with psycopg.connect(BASE_URL, autocommit=True) as db:
+            row = db.execute(
+                "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
+                "AND datname = current_database()"
+            ).fetchone()
+        return int(row[0]) if row else 0
+
+    out: dict[str, object] = {}
+
+    def prune() -> None:
+        out["pruned"] = store.mark_pruned("s", ["01X"], "now")
+
+    def rewind() -> None:
+        try:
+            store.set_head("s", "main", "01X", "01Y")
+            out["rewind"] = "moved"
+        except PrunedError:
+            out["rewind"] = "refused"
+
+    pruner = threading.Thread(target=prune)
+    pruner.start()
+    deadline = time.monotonic() + 30
+    while waiting() < 1 and time.monotonic() < deadline:  # parked at its insert
+        time.sleep(0.02)
+    mover = threading.Thread(target=rewind)
+    mover.start()
+    while mover.is_alive() and waiting() < 2 and time.monotonic() < deadline:
+        time.sleep(0.02)  # the move waits for the pruner's session lock (or has finished)
+    parked.rollback()
+    parked.close()
+    pruner.join(30)
+    mover.join(30)
+    heads, pruned = store.branches("s"), store.pruned("s")
+    assert not ("01X" in heads.values() and "01X" in pruned), (heads, pruned)
+    assert (out, heads, list(pruned)) == (
+        {"pruned": ["01X"], "rewind": "refused"},
+        {"main": "01Y"},
+        ["01X"],
+    )
+    store.close()

@@ -22,6 +22,7 @@ __all__ = [
     "LeaseHeld",
     "LeaseLost",
     "NotFoundError",
+    "PrunedError",
     "SchemaVersionError",
     "SerializationError",
     "StashpointError",
@@ -95,3 +96,17 @@ class LeaseHeld(ConflictError):
 
 class LeaseLost(ConflictError):
     """This worker's lease was taken over (it expired): its writes are fenced off."""
+
+
+class PrunedError(NotFoundError):
+    """The checkpoint's record is there (its chain link verifies) but retention released its
+    state and files."""
+
+    def __init__(self, ident: str, at: str | None = None) -> None:
+        when = f" at {at}" if at else ""
+        super().__init__(
+            f"checkpoint {ident} was pruned by retention{when}: its record remains for the hash "
+            "chain, but its state and files were released; pick a kept checkpoint "
+            "(stashpoint log)"
+        )
+        self.checkpoint = ident

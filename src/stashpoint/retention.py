@@ -26,7 +26,7 @@ from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from .errors import IntegrityError, NotFoundError, UsageError
+from .errors import IntegrityError, PrunedError, UsageError
 from .model import Checkpoint, utc_now_iso
 
 if TYPE_CHECKING:
@@ -48,20 +48,6 @@ __all__ = [
 
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
 _DURATION = re.compile(r"(\d+(?:\.\d+)?)([smhdw])")
-
-
-class PrunedError(NotFoundError):
-    """The checkpoint's record is there (its chain link verifies) but retention released its
-    state and files."""
-
-    def __init__(self, ident: str, at: str | None = None) -> None:
-        when = f" at {at}" if at else ""
-        super().__init__(
-            f"checkpoint {ident} was pruned by retention{when}: its record remains for the hash "
-            "chain, but its state and files were released; pick a kept checkpoint "
-            "(stashpoint log)"
-        )
-        self.checkpoint = ident
 
 
 def parse_duration(text: str) -> dt.timedelta:

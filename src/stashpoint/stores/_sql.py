@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import replace
 from typing import Any
 
-from ..errors import ConflictError, LeaseHeld
+from ..errors import ConflictError, LeaseHeld, PrunedError
 from .base import (
     GC_EPOCH_KEY,
     BlobInfo,
@@ -331,6 +331,12 @@ class SqlStore(MetadataStore):
     ) -> None:
         def do(cur: Any) -> None:
             self._check_fence(cur, fence, session)
+            self._hold_session(cur, session)
+            got = cur.execute(
+                self.sql("SELECT at FROM {t}pruned WHERE checkpoint=?"), (new,)
+            ).fetchone()
+            if got is not None:  # checked by the engine before, but retention may run between
+                raise PrunedError(new, str(got[0]))
             if not self._move_head(cur, session, branch, new, expected):
                 raise ConflictError(
                     f"branch {branch!r} of session {session!r} moved (expected {expected}); "
@@ -486,8 +492,20 @@ class SqlStore(MetadataStore):
         )
         return {str(log): (int(n), int(b or 0)) for log, n, b in rows}
 
+    session_lock = ""
+    """A statement that serialises, per session, head moves to existing checkpoints with
+    retention's marks (``?``: the session). SQLite needs none: its write transactions run
+    one at a time. PostgreSQL's READ COMMITTED would otherwise let a head move commit
+    between :meth:`mark_pruned`'s check of the heads and its insert (a pruned head, whose
+    contents GC then frees), or between :meth:`set_head`'s check of the marks and its move."""
+
+    def _hold_session(self, cur: Any, session: str) -> None:
+        if self.session_lock:
+            cur.execute(self.sql(self.session_lock), (session,))
+
     def mark_pruned(self, session: str, ids: Sequence[str], at: str) -> list[str]:
         def do(cur: Any) -> list[str]:
+            self._hold_session(cur, session)
             done = []
             stmt = self.sql(
                 "INSERT INTO {t}pruned(checkpoint, session, at) SELECT ?, ?, ? "

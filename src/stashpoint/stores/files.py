@@ -50,7 +50,14 @@ from typing import Any
 import msgspec
 
 from .._fsutil import TMP_MARK, fsync_dir, mkdir_private, sweep_temp_files
-from ..errors import ConflictError, IntegrityError, SchemaVersionError, StoreError, UsageError
+from ..errors import (
+    ConflictError,
+    IntegrityError,
+    PrunedError,
+    SchemaVersionError,
+    StoreError,
+    UsageError,
+)
 from .base import (
     GC_EPOCH_KEY,
     BlobInfo,
@@ -674,6 +681,9 @@ class FileStore(MetadataStore):
     ) -> None:
         with self._locked():
             self._check_fence(fence, session)
+            at = self.pruned(session).get(new)
+            if at is not None:
+                raise PrunedError(new, at)
             heads = self._heads()
             current = heads.get(session, {}).get(branch)
             if current != expected:

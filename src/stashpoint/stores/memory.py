@@ -6,7 +6,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 
-from ..errors import ConflictError
+from ..errors import ConflictError, PrunedError
 from .base import (
     GC_EPOCH_KEY,
     BlobInfo,
@@ -207,6 +207,8 @@ class MemoryStore(MetadataStore):
     ) -> None:
         with self._lock:
             self._check_fence(fence, session)
+            if new in self._pruned:
+                raise PrunedError(new, self._pruned[new][1])
             current = self._heads.get((session, branch))
             if current != expected:
                 raise ConflictError(

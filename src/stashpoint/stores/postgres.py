@@ -230,6 +230,7 @@ class PostgresStore(SqlStore):
     share = " FOR SHARE"  # a commit's epoch check waits for a GC condemning blobs
 
     lock = " FOR UPDATE"
+    session_lock = "SELECT pg_advisory_xact_lock(21328, hashtext(?))"  # 21328: "SP"
 
     def __init__(self, url: str) -> None:
         psycopg = _driver()

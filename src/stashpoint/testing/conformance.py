@@ -282,6 +282,22 @@ class MetadataStoreConformance:
         assert ms.pruned("other") == {}
         assert ms.get_checkpoint("01A") is not None, "the record stays for the hash chain"
 
+    def test_a_head_never_moves_to_a_pruned_checkpoint(self, ms: MetadataStore) -> None:
+        """Retention may mark a checkpoint between the engine's check and its head move (a
+        rewind, a fork): the move itself refuses, so a head's contents are never freed."""
+        from ..errors import PrunedError
+
+        ms.commit(Commit(_row("01A"), None))
+        ms.commit(Commit(_row("01B", "01A"), "01A"))
+        assert ms.mark_pruned("s", ["01A"], "2026-01-01T00:00:00Z") == ["01A"]
+        with pytest.raises(PrunedError, match="01A"):
+            ms.set_head("s", "main", "01A", "01B")
+        with pytest.raises(PrunedError, match="01A"):
+            ms.set_head("s", "fork", "01A", None)
+        assert ms.branches("s") == {"main": "01B"}
+        ms.set_head("s", "fork", "01B", None)  # a kept checkpoint: fine
+        assert ms.branches("s") == {"main": "01B", "fork": "01B"}
+
     def test_condemned_blobs_look_absent_until_revived(self, ms: MetadataStore) -> None:
         a, b = _blob(b"alpha"), _blob(b"beta")
         ms.put_blobs([a, b])
