@@ -303,6 +303,26 @@ def test_pydantic_ai_history_round_trip_append_and_fork(
     store.close()
 
 
+def test_pydantic_ai_two_histories_on_one_session_build_on_each_other(
+    tmp_path: Path, loop: asyncio.AbstractEventLoop
+) -> None:
+    """Two workers on one session: each load and save starts from the latest head, not the
+    one its engine object cached, so no save drops the other's turn."""
+    store = stashpoint.open(tmp_path / "store")
+    agent = pydantic_ai.Agent(FunctionModel(echo))
+    one, two = MessageHistory("pa", store), MessageHistory("pa", store)
+    one.run_sync(agent, "first")
+    assert two.run_sync(agent, "second").output == "2 prompts, last 'second'"
+    assert one.run_sync(agent, "third").output == "3 prompts, last 'third'"
+    for history in (one, two, MessageHistory("pa", store)):
+        prompts = [
+            p.content for m in history.load() for p in m.parts if p.part_kind == "user-prompt"
+        ]
+        assert prompts == ["first", "second", "third"]
+    assert verify_store(store).ok
+    store.close()
+
+
 # -- packaging: optional extras, examples ---------------------------------------------------
 
 

@@ -17,10 +17,11 @@ import sys
 import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, TypedDict
 
 import pytest
 from langchain_core.messages import AIMessage, HumanMessage
+from langgraph.channels.delta import DeltaChannel
 from langgraph.checkpoint.base import BaseCheckpointSaver
 from langgraph.checkpoint.conformance import checkpointer_test, validate
 from langgraph.checkpoint.conformance.capabilities import (
@@ -256,6 +257,42 @@ def test_a_second_saver_sees_the_same_thread(tmp_path: Path) -> None:
     assert interrupts and interrupts[0][0].value["n"] == 5
     a.close()
     b.close()
+
+
+class TodoState(TypedDict):
+    todo: list[str]
+    meta: dict[str, str]
+
+
+def _todo_graph() -> StateGraph[TodoState]:
+    def plan(s: TodoState) -> dict[str, Any]:
+        return {"todo": ["a"], "meta": {"stage": "plan"}}
+
+    def more(s: TodoState) -> dict[str, Any]:
+        s["todo"].append("b")  # changed in place, returned as the same objects
+        s["meta"]["stage"] = "more"
+        return {"todo": s["todo"], "meta": s["meta"]}
+
+    g = StateGraph(TodoState)
+    g.add_node("plan", plan)
+    g.add_node("more", more)
+    g.add_edge(START, "plan")
+    g.add_edge("plan", "more")
+    g.add_edge("more", END)
+    return g
+
+
+def test_a_value_changed_in_place_is_stored_anew(tmp_path: Path) -> None:
+    """A channel whose version moved is serialized again, even when its value is the very
+    object of the parent's checkpoint (a node appended to it): as LangGraph's savers do."""
+    expected = {"todo": ["a", "b"], "meta": {"stage": "more"}}
+    saver = StashpointSaver(tmp_path / "store")
+    app = _todo_graph().compile(checkpointer=saver)
+    assert app.invoke({"todo": [], "meta": {}}, cfg("v"), **SYNC) == expected
+    assert app.get_state(cfg("v")).values == expected
+    cold = _todo_graph().compile(checkpointer=StashpointSaver(saver.store))
+    assert cold.get_state(cfg("v")).values == expected
+    saver.close()
 
 
 # -- pending writes ------------------------------------------------------------------------------
@@ -534,6 +571,65 @@ def test_deletions_keep_verify_and_gc_working(tmp_path: Path) -> None:
     assert verify_kept(fresh.store).ok
     saver.close()
     fresh.close()
+
+
+def test_prune_and_delete_for_runs_refuse_one_string(tmp_path: Path) -> None:
+    """One id given as a str would be iterated character by character, naming other threads
+    (LangGraph's PostgresSaver raises TypeError)."""
+    saver = StashpointSaver(tmp_path / "store")
+    app = graph_builder().compile(checkpointer=saver)
+    for t in ("a", "b", "ab"):  # thread t, run t
+        app.invoke({"messages": [HumanMessage(content=t)]}, {**cfg(t), "metadata": {"run_id": t}})
+    with pytest.raises(TypeError):
+        saver.prune("ab", strategy="delete")
+    with pytest.raises(TypeError):
+        asyncio.run(saver.aprune("ab"))
+    with pytest.raises(TypeError):
+        saver.delete_for_runs("ab")
+    for t in ("a", "b", "ab"):
+        assert len(list(saver.list(cfg(t)))) > 1  # nothing pruned or deleted
+    saver.close()
+
+
+def _extend(state: list[str], writes: Any) -> list[str]:
+    return [*state, *(item for w in writes for item in w)]
+
+
+class DeltaState(TypedDict):
+    items: Annotated[list[str], DeltaChannel(_extend, snapshot_frequency=50)]
+    n: int
+
+
+def _delta_graph() -> StateGraph[DeltaState]:
+    def step(s: DeltaState) -> dict[str, Any]:
+        return {"items": [f"i{s.get('n', 0) + 1}"], "n": s.get("n", 0) + 1}
+
+    g = StateGraph(DeltaState)
+    g.add_node("step", step)
+    g.add_edge(START, "step")
+    g.add_conditional_edges("step", lambda s: END if s["n"] >= 3 else "step")
+    return g
+
+
+def test_keep_latest_refuses_threads_with_a_delta_channel(tmp_path: Path) -> None:
+    """A DeltaChannel's latest value is rebuilt from the writes of the checkpoints before it:
+    keep_latest would leave it empty. Like PostgresSaver, refuse (and prune no thread)."""
+    saver = StashpointSaver(tmp_path / "store")
+    delta = _delta_graph().compile(checkpointer=saver)
+    delta.invoke({"items": ["start"]}, cfg("d"))
+    plain = graph_builder().compile(checkpointer=saver)
+    plain.invoke({"messages": [HumanMessage(content="hi")]}, cfg("p"))
+    before = len(list(saver.list(cfg("p"))))
+    with pytest.raises(NotImplementedError, match="DeltaChannel: d"):
+        saver.prune(["p", "d"], strategy="keep_latest")
+    assert len(list(saver.list(cfg("p")))) == before
+    fresh = _delta_graph().compile(checkpointer=StashpointSaver(saver.store))
+    assert fresh.get_state(cfg("d")).values["items"] == ["start", "i1", "i2", "i3"]
+    saver.prune(["p"], strategy="keep_latest")  # a thread without one is pruned as before
+    assert len(list(saver.list(cfg("p", checkpoint_ns="")))) == 1
+    saver.prune(["d"], strategy="delete")
+    assert saver.get_tuple(cfg("d")) is None
+    saver.close()
 
 
 def test_copy_thread_then_both_go_on(tmp_path: Path) -> None:

@@ -41,6 +41,8 @@ How LangGraph's model maps onto stashpoint's:
   an empty ``langgraph: removed`` checkpoint as its head (heads are never pruned).
   ``stashpoint verify`` keeps passing. ``copy_thread`` copies checkpoints and writes, not
   workspace snapshots. Retention (``stashpoint prune``) hides what it prunes the same way.
+  ``prune(strategy="keep_latest")`` refuses a thread with a ``DeltaChannel`` (as LangGraph's
+  PostgresSaver does): its value is rebuilt from the checkpoints it would hide.
 - **Files.** With ``workspace=``, each root-namespace checkpoint snapshots that directory;
   run graphs with ``durability="sync"`` (LangGraph's default saves a checkpoint while the next
   step already runs, so its snapshot could hold that step's changes: the saver warns). A
@@ -137,6 +139,8 @@ _KEEP_BRANCHES = 8  # engine objects and encoded states kept per thread
 _KEEP_LOGS = 64  # conversation logs whose decoded messages the saver keeps
 _KEEP_TINY = 4096  # tiny immutable values kept decoded
 _IMMUTABLE = frozenset((type(None), bool, int, float, str, bytes))
+# Metadata keys of a DeltaChannel thread (those LangGraph's PostgresSaver checks in prune)
+_DELTA_MD = frozenset(("counters_since_delta_snapshot", "delta_writes_versioned"))
 
 # Bytes of LangChain messages as LangGraph's serializer writes them, without content: a zstd
 # "raw content" dictionary, so each message's envelope (module, class and field names)
@@ -724,7 +728,7 @@ class StashpointSaver(BaseCheckpointSaver[int]):
             self._remove(th, self._all_records(th), reason="delete_thread", everything=True)
 
     def delete_for_runs(self, run_ids: Sequence[str]) -> None:
-        runs = set(run_ids)
+        runs = set(_ids(run_ids, "run_ids"))
         if not runs:
             return
         p = self.session_prefix
@@ -756,10 +760,20 @@ class StashpointSaver(BaseCheckpointSaver[int]):
             self._save_pending(dst)
 
     def prune(self, thread_ids: Sequence[str], *, strategy: str = "keep_latest") -> None:
+        """``keep_latest`` raises ``NotImplementedError`` (and prunes nothing) when a thread
+        uses a ``DeltaChannel``, as LangGraph's PostgresSaver does: its latest value is
+        rebuilt from the writes of the checkpoints before, which keep_latest would hide."""
+        ids = [str(t) for t in _ids(thread_ids, "thread_ids")]
         if strategy not in ("keep_latest", "delete"):
             raise UsageError(f"unknown prune strategy {strategy!r}: keep_latest or delete")
-        for thread_id in thread_ids:
-            th = self._thread(str(thread_id), check=True)
+        if strategy == "keep_latest":
+            delta = sorted(t for t in dict.fromkeys(ids) if self._uses_delta(t))
+            if delta:
+                raise NotImplementedError(
+                    f"keep_latest can't prune threads that use a DeltaChannel: {', '.join(delta)}"
+                )
+        for thread_id in ids:
+            th = self._thread(thread_id, check=True)
             with th.lock:
                 everything = strategy == "delete"
                 doomed = self._all_records(th)
@@ -1189,7 +1203,9 @@ class StashpointSaver(BaseCheckpointSaver[int]):
                 if ch not in values:
                     continue  # empty at this version
                 obj = values[ch]
-                old = cache.values.get(ch) if cache is not None else None
+                # The same object is not the same value once its version moved: a node may
+                # have changed it in place (``s["todo"].append(x); return {"todo": s["todo"]}``).
+                old = cache.values.get(ch) if cache is not None and inherit else None
                 packed = old[2] if old is not None and old[1] is obj else self._dumps(obj)
             if len(packed) <= _INLINE_MAX:  # tiny: cheaper inside the details than on its own
                 inline[ch] = _text(packed)
@@ -1388,6 +1404,18 @@ class StashpointSaver(BaseCheckpointSaver[int]):
         (rewinds of time travel and ``restore_files``, earlier ``removed`` heads)."""
         return {row.id for row in self.store.meta.list_checkpoints(th.session)}
 
+    def _uses_delta(self, thread_id: str) -> bool:
+        """Whether a checkpoint of the thread has DeltaChannel counters in its metadata
+        (what LangGraph writes while a delta channel's value is not snapshotted)."""
+        th = self._thread(thread_id, check=True)
+        with th.lock:
+            self._prefetch_details(th.entries.values())
+            reader = _Reader(self)
+            return any(
+                not _DELTA_MD.isdisjoint(self._details(e, reader)["md"])
+                for e in th.entries.values()
+            )
+
     def _remove(
         self, th: _Thread, doomed: set[str], *, reason: str, everything: bool = False
     ) -> None:
@@ -1555,6 +1583,13 @@ def _fresh(x: Any) -> Any:
 
 
 _NESTED = (dict, builtins.list)
+
+
+def _ids(ids: Sequence[str], what: str) -> Sequence[str]:
+    """``ids``, refusing one string: iterating it would name other threads (or runs)."""
+    if isinstance(ids, str):
+        raise TypeError(f"{what} must be a sequence of IDs, not a str")
+    return ids
 
 
 def _write_order(w: _Write) -> tuple[str, str, int]:

@@ -78,7 +78,7 @@ class MessageHistory:
 
     def load(self, ref: str | None = None) -> list[ModelMessage]:
         """The messages as of ``ref`` (id, label, ``HEAD~N``; default: the latest save)."""
-        state = self.stash.state(ref)
+        state = self._latest().state(ref)
         return ModelMessagesTypeAdapter.validate_python(
             state.get(self.stash.conversation_key) or []
         )
@@ -97,7 +97,7 @@ class MessageHistory:
         history that was shortened or edited starts a new log from the common prefix.
         """
         data = to_jsonable_python(list(messages))
-        state = {**self.stash.state(), self.stash.conversation_key: data}
+        state = {**self._latest().state(), self.stash.conversation_key: data}
         return self.stash.checkpoint(
             state,
             message=message or f"pydantic-ai: {len(data)} messages",
@@ -130,7 +130,7 @@ class MessageHistory:
         With a workspace, ``into`` (a new or empty directory) gives the fork its own copy of
         the files; without it the workspace directory switches to the new branch.
         """
-        target = self.stash.get(ref)
+        target = self._latest().get(ref)
         if into is not None:
             forked = self.stash.fork(target.id, branch, into=into)
         else:
@@ -145,6 +145,20 @@ class MessageHistory:
         new.store, new._owns_store, new._options = self.store, False, self._options
         new.stash = forked
         return new
+
+    def _latest(self) -> Session:
+        """The session, with a fresh engine object when another writer (a second history on
+        this session, another process) moved the branch head: the engine caches its head, so
+        a save would otherwise record a state that drops that writer's messages."""
+        head = self.stash.head
+        if self.store.meta.get_head(self.stash.name, self.stash.branch) != (
+            head.id if head is not None else None
+        ):
+            options = {**self._options, "lease": self.stash.lease}  # the same lease, if any
+            self.stash = self.store.session(
+                self.stash.name, workspace=self.stash.root, branch=self.stash.branch, **options
+            )
+        return self.stash
 
     def close(self) -> None:
         """Close the store if this history opened it."""
