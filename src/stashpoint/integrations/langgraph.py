@@ -61,7 +61,11 @@ read (logs are append-only), so after a first read ``list`` and ``get_tuple`` de
 messages added since. Tuples share those message objects (and, within one ``list`` call, the
 decoded values common to several checkpoints): treat them as read-only. Like the stashpoint
 engine, the saver treats messages as immutable once checkpointed (LangGraph's reducers replace
-messages rather than edit them).
+messages rather than edit them): a message is found unchanged by identity, which keeps a
+``put`` flat as the conversation grows. To edit one, return a new message object with its id
+(``AIMessage(id=old.id, content=...)``); one changed in place and returned is not seen, and
+one changed in place also changes what earlier tuples of this saver show. Other channels are
+serialized again whenever their version moves, as in LangGraph's own savers.
 
 One process should write a thread at a time (LangGraph's own model): records are protected
 by the store's compare-and-set, the pending-writes key by a re-read before each update.
