@@ -16,11 +16,12 @@ retention and garbage collection.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
-from urllib.parse import parse_qs, urlsplit
+from urllib.parse import parse_qs
 
-from ..errors import ConflictError, LeaseHeld, StoreError, UsageError
+from ..errors import ConflictError, LeaseHeld, PrunedError, StoreError, UsageError
 from .base import (
     GC_EPOCH_KEY,
     BlobInfo,
@@ -60,12 +61,39 @@ end
 """
 """Shared by both scripts: the lease rules of one write, checked inside its atomic script."""
 
+_LOG_CHECK = """
+-- nil if `start` is the tip of the log (a new one: its parent_len, and it must not exist);
+-- else the conflict. Checked before any write, so a refused write leaves nothing behind.
+local function log_refusal(p, log, start, newlog, new_parent_len)
+  local key = p .. 'log:' .. log
+  local exists = redis.call('EXISTS', key) == 1
+  if exists == (newlog == '1') then return 'conflict:log' end
+  local plen = tonumber(exists and redis.call('HGET', key, 'parent_len') or new_parent_len)
+  if plen + redis.call('HLEN', p .. 'msgs:' .. log) ~= start then return 'conflict:tip' end
+  return nil
+end
+"""
+"""Shared by both scripts: the log-tip rules of one write."""
+
+# ARGV: prefix, then digest hexes. 1 per blob stored and not condemned, else 0: one script, so a
+# sweep (mark and blob gone together) cannot land between the two checks.
+_HAS_BLOBS = """
+local p, out = ARGV[1], {}
+for i = 2, #ARGV do
+  local ok = redis.call('EXISTS', p .. 'blob:' .. ARGV[i]) == 1
+    and redis.call('HEXISTS', p .. 'condemned', ARGV[i]) == 0
+  out[i - 1] = ok and 1 or 0
+end
+return out
+"""
+
 # ARGV: prefix, id, session, branch, parent, body, digest, move_head, expected,
 #       log, start, new_log(0/1), log_parent, log_parent_len, n_msgs, n_blobs,
 #       check_epoch(0/1), gc_epoch, lease key ('' = unfenced), lease token,
 #       then n_msgs (chain..data) values, then n_blobs (digest, packed) pairs.
 _COMMIT = (
     _LEASE_CHECK
+    + _LOG_CHECK
     + """
 local p = ARGV[1]
 local fenced = ARGV[19] ~= ''
@@ -88,16 +116,13 @@ if move == '1' then
 end
 if redis.call('EXISTS', p .. 'cp:' .. id) == 1 then return 'conflict:id' end
 if log ~= '' then
+  local refused = log_refusal(p, log, start, newlog, lparent_len)
+  if refused then return refused end
   if newlog == '1' then
-    if redis.call('EXISTS', p .. 'log:' .. log) == 1 then return 'conflict:log' end
     redis.call('HSET', p .. 'log:' .. log, 'session', session, 'parent', lparent,
                'parent_len', lparent_len)
     redis.call('SADD', p .. 'logs', log)
   end
-  if redis.call('EXISTS', p .. 'log:' .. log) == 0 then return 'conflict:log' end
-  local plen = tonumber(redis.call('HGET', p .. 'log:' .. log, 'parent_len'))
-  local tip = plen + redis.call('HLEN', p .. 'msgs:' .. log)
-  if tip ~= start then return 'conflict:tip' end
   for i = 1, nmsgs do
     redis.call('HSET', p .. 'msgs:' .. log, tostring(start + i - 1), ARGV[20 + i])
   end
@@ -124,21 +149,20 @@ return 'ok'
 #       then entries.
 _APPEND = (
     _LEASE_CHECK
+    + _LOG_CHECK
     + """
 local p, log, start, newlog = ARGV[1], ARGV[2], tonumber(ARGV[3]), ARGV[4]
 if ARGV[8] ~= '' then
   local refused = lease_refusal(ARGV[8], ARGV[9] ~= '', ARGV[9])
   if refused then return refused end
 end
+local refused = log_refusal(p, log, start, newlog, ARGV[7])
+if refused then return refused end
 if newlog == '1' then
-  if redis.call('EXISTS', p .. 'log:' .. log) == 1 then return 'conflict:log' end
   redis.call('HSET', p .. 'log:' .. log, 'session', ARGV[5], 'parent', ARGV[6],
              'parent_len', ARGV[7])
   redis.call('SADD', p .. 'logs', log)
 end
-if redis.call('EXISTS', p .. 'log:' .. log) == 0 then return 'conflict:log' end
-local plen = tonumber(redis.call('HGET', p .. 'log:' .. log, 'parent_len'))
-if plen + redis.call('HLEN', p .. 'msgs:' .. log) ~= start then return 'conflict:tip' end
 for i = 10, #ARGV do
   redis.call('HSET', p .. 'msgs:' .. log, tostring(start + i - 10), ARGV[i])
 end
@@ -238,12 +262,15 @@ if ARGV[5] == '' then
     if left > 0 then return -2 end
   end
 end
+if redis.call('HEXISTS', KEYS[3], ARGV[2]) == 1 then return -3 end
 local cur = redis.call('HGET', KEYS[1], ARGV[1])
 if (ARGV[3] == '' and cur) or (ARGV[3] ~= '' and cur ~= ARGV[3]) then return 0 end
 redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
 redis.call('SADD', KEYS[2], ARGV[4])
 return 1
 """
+"""Lease fence, then: a pruned checkpoint never becomes a head (retention may have marked it
+after the engine checked), then the compare-and-set."""
 
 
 def _driver() -> Any:
@@ -263,9 +290,11 @@ class RedisStore(MetadataStore):
 
     def __init__(self, url: str) -> None:
         redis = _driver()
-        query = parse_qs(urlsplit(url).query)
-        self.prefix = (query.get("prefix", ["sp:"])[0]).encode()
-        clean = url.split("?", 1)[0]
+        base, _, query = url.partition("?")
+        self.prefix = (parse_qs(query).get("prefix", ["sp:"])[0]).encode()
+        # Only our own parameter comes out: the rest (db, timeouts, ...) are redis-py's.
+        rest = [q for q in query.split("&") if q and q.partition("=")[0] != "prefix"]
+        clean = base + "?" + "&".join(rest) if rest else base
         self.url = url
         self.durability = "as the Redis server persists (AOF appendfsync, or RDB snapshots)"
         self._errors = redis.exceptions
@@ -274,6 +303,9 @@ class RedisStore(MetadataStore):
             self._r.ping()
         except redis.exceptions.RedisError as exc:
             raise StoreError(f"cannot connect to Redis: {exc}") from exc
+        except (TypeError, ValueError) as exc:  # a query parameter redis-py does not take
+            raise UsageError(f"bad Redis URL parameter: {exc}") from exc
+        self._has_blobs = self._r.register_script(_HAS_BLOBS)
         self._commit = self._r.register_script(_COMMIT)
         self._set_head = self._r.register_script(_SET_HEAD)
         self._append = self._r.register_script(_APPEND)
@@ -293,6 +325,16 @@ class RedisStore(MetadataStore):
         except self._errors.RedisError as exc:
             raise StoreError(f"Redis failed: {exc}") from exc
 
+    def _scan_blobs(self) -> Iterator[bytes]:
+        """Every blob key. SCAN MATCH is a glob, so the prefix's own glob characters are
+        escaped (prefix ``a?:`` must not list ``ab:``'s blobs); errors mapped as in ``_call``,
+        which a lazy scan would escape."""
+        match = re.sub(rb"([*?\[\]\\])", rb"\\\1", self.prefix) + b"blob:*"
+        try:
+            yield from self._r.scan_iter(match=match, count=1000)
+        except self._errors.RedisError as exc:
+            raise StoreError(f"Redis failed: {exc}") from exc
+
     # -- meta -----------------------------------------------------------------------------
     def get_meta(self, key: str) -> str | None:
         v = self._call(self._r.hget, self._k("meta"), key)
@@ -309,15 +351,12 @@ class RedisStore(MetadataStore):
         wanted = list(digests)
         if not wanted:
             return set()
-        pipe = self._r.pipeline(transaction=False)
-        for d in wanted:
-            pipe.exists(self._k("blob:", d.hex()))
-        found = self._call(pipe.execute)
-        have = [d for d, ok in zip(wanted, found, strict=True) if ok]
-        if not have:
-            return set()
-        marks = self._call(self._r.hmget, self._k("condemned"), [d.hex() for d in have])
-        return {d for d, mark in zip(have, marks, strict=True) if mark is None}
+        found: set[bytes] = set()
+        for i in range(0, len(wanted), 500):
+            batch = wanted[i : i + 500]
+            got = self._call(self._has_blobs, args=[self.prefix, *(d.hex() for d in batch)])
+            found.update(d for d, ok in zip(batch, got, strict=True) if ok)
+        return found
 
     def put_blobs(self, blobs: Sequence[BlobRow]) -> None:
         pipe = self._r.pipeline(transaction=True)  # MULTI: revival and insert are atomic
@@ -334,7 +373,7 @@ class RedisStore(MetadataStore):
 
     def iter_blob_digests(self) -> Iterator[bytes]:
         skip = len(self._k("blob:"))
-        for key in self._r.scan_iter(match=self._k("blob:*"), count=1000):
+        for key in self._scan_blobs():
             yield bytes.fromhex(key[skip:].decode())
 
     # -- logs -----------------------------------------------------------------------------
@@ -473,7 +512,7 @@ class RedisStore(MetadataStore):
     ) -> None:
         ok = self._call(
             self._set_head,
-            keys=[self._k("heads:", session), self._k("sessions")],
+            keys=[self._k("heads:", session), self._k("sessions"), self._k("pruned:", session)],
             args=[
                 branch,
                 new,
@@ -488,6 +527,8 @@ class RedisStore(MetadataStore):
         if ok == -2:
             info = self.lease_info(session)
             raise lease_held(session, info.owner if info else "?", info.expires_in if info else 0)
+        if ok == -3:
+            raise PrunedError(new, self.pruned(session).get(new))
         if not ok:
             raise ConflictError(
                 f"branch {branch!r} of session {session!r} moved (expected {expected}); "
@@ -573,7 +614,7 @@ class RedisStore(MetadataStore):
 
     def iter_blob_info(self) -> Iterator[BlobInfo]:
         skip = len(self._k("blob:"))
-        keys = list(self._r.scan_iter(match=self._k("blob:*"), count=1000))
+        keys = list(self._scan_blobs())
         for i in range(0, len(keys), 500):
             batch = keys[i : i + 500]
             pipe = self._r.pipeline(transaction=False)
