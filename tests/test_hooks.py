@@ -484,3 +484,36 @@ def test_a_hook_gives_up_within_its_budget_while_a_gc_holds_the_store(
     assert len(failed) == 1 and "HookTimeout: gave up after 2 s" in failed[0], log
     run_hook(command, ws, env, payload)  # once the lock is free, the change is snapshotted
     assert "FAILED" not in (ws / ".stashpoint" / "hooks.log").read_text().splitlines()[-1]
+
+
+def test_a_hook_hands_the_daily_upkeep_to_a_background_process(sp: Sp, tmp_path: Path) -> None:
+    """Retention and GC take as long as the store is big: a hook whose store is due for them
+    starts `stashpoint prune --auto` detached instead of running them before it exits."""
+    import time
+
+    ws = project(tmp_path / "proj")
+    env = hook_env(tmp_path)
+    command = f"{shlex.join(STASHPOINT)} hooks run claude-code"
+    payload = {"session_id": "s", "hook_event_name": "PostToolUse", "cwd": str(ws)}
+    run_hook(command, ws, env, payload)
+    sp("prune", "--save", "--keep-last", "1", "--keep-within", "1s", "--every", "1s", cwd=ws)
+    for i in range(3):
+        write(ws / f"f{i}.txt", f"change {i}\n")
+        run_hook(command, ws, env, payload)  # the first of these schedules upkeep
+    time.sleep(1.2)  # upkeep is due once its period (1 s) has passed
+    write(ws / "last.txt", "the hook that finds upkeep due\n")
+    run_hook(command, ws, env, payload)
+    log = (ws / ".stashpoint" / "hooks.log").read_text()
+    assert "started `stashpoint prune --auto` in the background" in log, log
+    import stashpoint
+
+    deadline = time.monotonic() + 60
+    pruned: dict[str, str] = {}
+    while time.monotonic() < deadline:  # the background process prunes all but the head
+        with stashpoint.open(ws / ".stashpoint") as store:
+            pruned = store.meta.pruned("claude-s")
+            head = store.session("claude-s").head
+        if len(pruned) >= 4:
+            break
+        time.sleep(0.2)
+    assert len(pruned) == 4 and head is not None and head.id not in pruned, pruned

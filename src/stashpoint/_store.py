@@ -81,6 +81,9 @@ class Store:
         self.group = GroupCommit(meta)
         """Flushes deferred commits on their levels' schedules; shared by this store's sessions."""
         self.wrote = False
+        self.upkeep_on_close = True
+        """Run automatic upkeep, when due, as this object closes (agent hooks hand it to a
+        process of its own instead: :mod:`stashpoint.cli.hooks`)."""
         """Whether a session committed through this object (then closing checks upkeep)."""
         self.closed = False
         self.home = home
@@ -245,7 +248,7 @@ class Store:
         self.closed = True
         try:
             self.group.close()  # deferred checkpoints become durable before the store closes
-            if self.wrote:
+            if self.wrote and self.upkeep_on_close:
                 from .upkeep import run_if_due
 
                 run_if_due(self)  # retention and the size budget, once a period

@@ -20,6 +20,7 @@ import os
 import re
 import signal
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -696,6 +697,41 @@ class _HookRun:
                 self.log += [f"warning: {w.message}" for w in caught]
         created = before is None or cp.id != before.id
         self.result.update(ok=True, checkpoint=cp.id, created=created)
+        self._hand_off_upkeep()
+
+    def _hand_off_upkeep(self) -> None:
+        """Once a day a written store's close runs retention and GC, which takes as long as
+        the store is big: in a hook that would stall the agent (or be killed by its hook
+        timeout, every day). When it is due, a detached ``stashpoint prune --auto`` does it;
+        it is marked as run first, so the hooks that follow do not start another."""
+        store = self.store
+        if store is None:
+            return
+        store.upkeep_on_close = False
+        from .. import upkeep
+
+        try:
+            if not upkeep.due(store):
+                return
+            store.meta.set_meta(upkeep.LAST_META, repr(time.time()))
+            import subprocess
+
+            url, root, _s, _b = self.ctx.locate()
+            argv = [sys.executable, "-m", "stashpoint", "--store", url]
+            if self.ctx.mirror_url:
+                argv += ["--mirror", self.ctx.mirror_url]
+            with open(self._log_path(), "ab") as log:
+                subprocess.Popen(
+                    [*argv, "prune", "--auto"],
+                    cwd=root,
+                    stdin=subprocess.DEVNULL,
+                    stdout=subprocess.DEVNULL,
+                    stderr=log,  # its failures land in hooks.log
+                    start_new_session=True,  # outlives the hook; the agent's signals miss it
+                )
+            self.log.append("upkeep due: started `stashpoint prune --auto` in the background")
+        except Exception as exc:  # upkeep is retried later; the snapshot has succeeded
+            self.log.append(f"warning: upkeep not started: {exc}")
 
     def _payload(self, args: tuple[str, ...]) -> dict[str, Any]:
         """Codex ``notify`` passes JSON as the last argument; hooks write it to stdin."""
