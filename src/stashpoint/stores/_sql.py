@@ -419,7 +419,9 @@ class SqlStore(MetadataStore):
         def do(cur: Any) -> bool:
             now = self._clock(cur)
             res = cur.execute(
-                self.sql("UPDATE {t}leases SET expires=? WHERE session=? AND token=?"),
+                self.sql(
+                    "UPDATE {t}leases SET expires=? WHERE session=? AND token=? AND expires <> 0"
+                ),  # 0: released; a late renewal must not revive it
                 (now + ttl, fence.session, fence.token),
             )
             return bool(res.rowcount == 1)

@@ -733,6 +733,8 @@ class FileStore(MetadataStore):
             got = leases.get(fence.session)
             if got is None or int(got[1]) != fence.token:
                 return False
+            if expires and float(got[2]) == 0.0:  # released: a late renewal must not revive it
+                return False
             leases[fence.session] = [got[0], got[1], expires]
             self._apply({"leases.json": _pretty(leases)})
             return True

@@ -152,7 +152,7 @@ class MemoryStore(MetadataStore):
     def renew_lease(self, fence: Fence, ttl: float) -> bool:
         with self._lock:
             got = self._leases.get(fence.session)
-            if got is None or got[1] != fence.token:
+            if got is None or got[1] != fence.token or got[2] == 0.0:  # 0: released
                 return False
             self._leases[fence.session] = (got[0], got[1], time.monotonic() + ttl)
             return True

@@ -238,6 +238,8 @@ if redis.call('HGET', ARGV[1], 'token') ~= ARGV[2] then return 0 end
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local ttl = tonumber(ARGV[3])
+-- expires 0: released; a late renewal must not revive it
+if ttl >= 0 and tonumber(redis.call('HGET', ARGV[1], 'expires')) == 0 then return 0 end
 if ttl < 0 then redis.call('HSET', ARGV[1], 'expires', 0)
 else redis.call('HSET', ARGV[1], 'expires', now + ttl) end
 return 1

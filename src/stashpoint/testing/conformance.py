@@ -459,6 +459,20 @@ class MetadataStoreConformance:
         again = ms.acquire_lease("s", "worker-b", 30)
         assert again.token == got.token + 1  # tokens never repeat, also after a release
 
+    def test_a_released_lease_is_not_renewed(self, ms: MetadataStore) -> None:
+        """A renewal still in flight when its holder released the lease (a slow network, a
+        renew thread that outlived release's wait) must not bring the lease back for a ttl,
+        shutting every other writer out of a session nobody works on."""
+        got = ms.acquire_lease("s", "worker-a", 30)
+        fence = Fence("s", got.token)
+        assert ms.renew_lease(fence, 30)
+        ms.release_lease(fence)
+        assert not ms.renew_lease(fence, 30)
+        info = ms.lease_info("s")
+        assert info is not None and info.expires_in <= 0
+        ms.commit(Commit(_row("01A"), None))  # anyone may write again
+        assert ms.acquire_lease("s", "worker-b", 30).token == got.token + 1
+
     def test_unfenced_appends_wait_for_the_lease(self, ms: MetadataStore) -> None:
         """A durable run's journal append names its session: without the lease's token it
         is refused while another worker holds a live lease (it may have started before)."""
