@@ -221,3 +221,53 @@ def test_leases_in_one_process_exclude_each_other_and_forks_hold_none(tmp_path: 
         assert info is not None and info.expires_in > 0 and info.token == first.token
         first.check()
         first.release()
+
+
+def test_a_taken_over_worker_writes_no_label_and_runs_no_step_body(url: str) -> None:
+    """Labels and step bodies are not fenced by the store in a write's transaction: the lease
+    itself refuses them once it may have expired (past ttl since its last renewal), and after
+    the store refused one of the worker's writes."""
+    with stashpoint.open(url) as store_a, stashpoint.open(url) as store_b:
+        stalled = acquire(store_a.meta, "job", ttl=1.0, owner="worker-a", renew=False)
+        run_a = store_a.session("job", lease=stalled)
+        first = run_a.checkpoint({"step": 1}, files=False)
+        while (info := store_b.meta.lease_info("job")) is not None and info.expires_in > 0:
+            time.sleep(0.05)
+        taker = store_b.lease("job", ttl=30)
+        ran: list[str] = []
+
+        @run_a.step
+        def send_email() -> str:
+            ran.append("sent")
+            return "sent"
+
+        with pytest.raises(LeaseLost):
+            run_a.run(send_email)
+        assert ran == []
+        with pytest.raises(LeaseLost):
+            run_a.label(first.id, "by-a")
+        assert store_b.session("job").labels() == {}
+        taker.release()
+
+
+def test_a_refused_write_makes_the_lease_refuse_the_next_step(tmp_path: Path) -> None:
+    """Within its ttl a lease trusts itself; once the store refused a write of the worker
+    (its token is stale), the step bodies that follow are refused too."""
+    with stashpoint.open(tmp_path / "store") as store:
+        lease = acquire(store.meta, "job", ttl=60, renew=False)
+        run = store.session("job", lease=lease)
+        run.checkpoint({"step": 1}, files=False)
+        store.meta.release_lease(lease.fence)  # the store forgets it behind the worker's back
+        taker = store.lease("job", ttl=60)
+        with pytest.raises(LeaseLost):
+            run.checkpoint({"step": 2}, files=False)
+        ran: list[str] = []
+
+        @run.step
+        def act() -> None:
+            ran.append("ran")
+
+        with pytest.raises(LeaseLost):
+            run.run(act)
+        assert ran == []
+        taker.release()

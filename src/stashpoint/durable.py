@@ -398,7 +398,11 @@ class Journal:
                     session=self.session.name,
                 )
             )
-        except (LeaseLost, LeaseHeld):
+        except LeaseHeld:
+            raise
+        except LeaseLost as exc:
+            if self.session.lease is not None:  # no later step body runs
+                self.session.lease.mark_lost(str(exc))
             raise
         except ConflictError:
             raise ConflictError(
@@ -725,6 +729,8 @@ class Durable:
     def _body(self, name: str, slot: int) -> Iterator[None]:
         """Around a step body: nesting depth (no policy checkpoints inside a step), and with
         ``checkpoint_interval`` a timer thread checkpointing while a long body runs."""
+        if self.session.lease is not None:  # no step body, no side effect, outside the lease
+            self.session.lease.check()
         if self.chaos is not None:
             self.chaos.event("EXEC", slot, name)
         self._depth += 1

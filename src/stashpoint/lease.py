@@ -44,7 +44,13 @@ class Lease:
     """A held lease; renewed in the background until :meth:`release` (or ``with`` ends)."""
 
     def __init__(
-        self, meta: MetadataStore, info: LeaseInfo, ttl: float, *, renew: bool = True
+        self,
+        meta: MetadataStore,
+        info: LeaseInfo,
+        ttl: float,
+        *,
+        renew: bool = True,
+        asked: float | None = None,
     ) -> None:
         self.meta = meta
         self.session = info.session
@@ -54,7 +60,9 @@ class Lease:
         self.fence = Fence(info.session, info.token)
         self._lost: str | None = None
         self._stop = threading.Event()
-        self._renewed = time.monotonic()
+        self._renewed = time.monotonic() if asked is None else asked
+        """When the last acquisition or renewal that succeeded was *sent*: the store's expiry
+        (its clock, at or after that moment, plus ttl) cannot come sooner than ttl after it."""
         self._thread: threading.Thread | None = None
         _LIVE.add(self)
         if renew:
@@ -68,19 +76,32 @@ class Lease:
         return self._lost is not None
 
     def check(self) -> None:
-        """Raise :class:`LeaseLost` if renewal found the lease gone (the store checks anyway)."""
+        """Raise :class:`LeaseLost` unless this worker still holds the lease.
+
+        For what the store cannot fence in the write's own transaction: a step body, a side
+        effect, a label. Within ttl of the last renewal that succeeded no other worker can
+        hold it, so that needs no round trip; past it (a renewal thread that stalled, or
+        none), the lease is renewed now, which asks the store."""
         if self._lost is not None:
             raise LeaseLost(self._lost)
+        if time.monotonic() - self._renewed >= self.ttl:
+            self.renew()
+
+    def mark_lost(self, reason: str) -> None:
+        """The store refused a write of ours: every later :meth:`check` refuses too."""
+        if self._lost is None:
+            self._lost = reason
 
     def renew(self) -> None:
         """Extend the lease now; :class:`LeaseLost` if another worker took it over."""
+        asked = time.monotonic()
         if not self.meta.renew_lease(self.fence, self.ttl):
             self._lost = (
                 f"the lease on session {self.session!r} (token {self.token}) was taken over by "
                 "another worker after it expired"
             )
             raise LeaseLost(self._lost)
-        self._renewed = time.monotonic()
+        self._renewed = asked
 
     def _renew_loop(self) -> None:
         while not self._stop.wait(self.ttl / 3):
@@ -135,7 +156,9 @@ def acquire(
     deadline = time.monotonic() + wait
     while True:
         try:
-            return Lease(meta, meta.acquire_lease(session, owner, ttl), ttl, renew=renew)
+            asked = time.monotonic()
+            info = meta.acquire_lease(session, owner, ttl)
+            return Lease(meta, info, ttl, renew=renew, asked=asked)
         except LeaseHeld as exc:
             left = deadline - time.monotonic()
             if left <= 0:

@@ -597,8 +597,12 @@ class Session:
                         durable=not self.durability.deferred,
                     )
                 )
-            except (LeaseHeld, LeaseLost):
+            except LeaseHeld:
                 raise  # not a race to retry: this writer may not write at all
+            except LeaseLost as exc:
+                if self.lease is not None:  # labels and step bodies are refused from now on
+                    self.lease.mark_lost(str(exc))
+                raise
             except ConflictError:
                 self._head_loaded = False
                 self._log_tips.clear()
