@@ -142,6 +142,8 @@ def test_cli_write_to_a_leased_session_exits_3(tmp_path: Path) -> None:
     env = {**ENV_SRC, "HOME": str(tmp_path)}
     subprocess.run([*STASHPOINT, "init"], cwd=ws, env=env, check=True, capture_output=True)
     subprocess.run([*STASHPOINT, "snap"], cwd=ws, env=env, check=True, capture_output=True)
+    (ws / "f.txt").write_text("x2")
+    subprocess.run([*STASHPOINT, "snap"], cwd=ws, env=env, check=True, capture_output=True)
     with stashpoint.open(ws / ".stashpoint") as store, store.lease("main", owner="agent-7"):
         (ws / "f.txt").write_text("y")
         res = subprocess.run(
@@ -149,6 +151,15 @@ def test_cli_write_to_a_leased_session_exits_3(tmp_path: Path) -> None:
         )
         assert res.returncode == 3, res.stderr
         assert "leased by agent-7" in res.stderr
+        res = subprocess.run(  # pruning is a write to the session too
+            [*STASHPOINT, "prune", "--keep-last", "1"],
+            cwd=ws,
+            env=env,
+            capture_output=True,
+            text=True,
+        )
+        assert res.returncode == 3 and "leased by agent-7" in res.stderr, res.stderr
+        assert store.meta.pruned("main") == {}
     res = subprocess.run(
         [*STASHPOINT, "snap", "-m", "after"], cwd=ws, env=env, capture_output=True, text=True
     )

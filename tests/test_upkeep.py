@@ -134,3 +134,18 @@ def test_upkeep_that_fails_on_close_logs_a_warning_and_never_raises(
     with caplog.at_level(logging.WARNING, logger="stashpoint"):
         assert upkeep.run_if_due(store) is None
     assert f"stashpoint upkeep of {store.url} failed; retried later" in caplog.text
+
+
+def test_upkeep_leaves_a_leased_session_to_its_holder(tmp_path: Path) -> None:
+    """Automatic upkeep prunes every session but one another worker holds a lease on (that
+    one's turn comes at the next upkeep); it does not fail on it."""
+    with stashpoint.open(tmp_path / "store") as store:
+        for name in ("free", "busy"):
+            run = store.session(name)
+            for i in range(4):
+                run.checkpoint({"i": i}, files=False)
+        lease = store.lease("busy", owner="worker-a")
+        report = upkeep.run(store, upkeep.Upkeep(policy=Policy(None, 1, True)))
+        assert report.pruned == {"free": 3}
+        assert store.meta.pruned("busy") == {}
+        lease.release()

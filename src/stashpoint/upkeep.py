@@ -25,7 +25,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from .errors import UsageError
+from .errors import LeaseHeld, UsageError
 from .retention import DEFAULT_POLICY, Policy, apply, parse_duration, plan_session
 
 if TYPE_CHECKING:
@@ -198,7 +198,10 @@ def _prune_all(store: Store, policy: Policy, dry_run: bool, report: UpkeepReport
     total = 0
     for name in store.sessions():
         p = plan_session(store, name, policy)
-        done = p.remove if dry_run else apply(store, p)
+        try:
+            done = p.remove if dry_run else apply(store, p)
+        except LeaseHeld:  # a worker owns it now: its turn comes at the next upkeep
+            continue
         if done:
             report.pruned[name] = report.pruned.get(name, 0) + len(done)
             total += len(done)

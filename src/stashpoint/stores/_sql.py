@@ -507,6 +507,7 @@ class SqlStore(MetadataStore):
 
     def mark_pruned(self, session: str, ids: Sequence[str], at: str) -> list[str]:
         def do(cur: Any) -> list[str]:
+            self._check_fence(cur, None, session)  # a leased session is its holder's to change
             self._hold_session(cur, session)
             done = []
             stmt = self.sql(

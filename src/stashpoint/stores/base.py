@@ -346,7 +346,8 @@ class MetadataStore(ABC):
         """Mark checkpoints pruned by retention; returns the ids newly marked.
 
         Skips, atomically, ids that are a branch head of the session right now, ids of other
-        sessions and unknown ids. The record stays (the hash chain still verifies); GC then
+        sessions and unknown ids. Refused (:class:`LeaseHeld`) while another worker holds a
+        live lease on the session. The record stays (the hash chain still verifies); GC then
         treats what only pruned records reference as garbage.
         """
 

@@ -761,6 +761,7 @@ class FileStore(MetadataStore):
     # -- retention and garbage collection -------------------------------------------------
     def mark_pruned(self, session: str, ids: Sequence[str], at: str) -> list[str]:
         with self._locked():
+            self._check_fence(None, session)
             heads = set(self._heads().get(session, {}).values())
             pruned = self._read_json("pruned.json", {})
             mine = pruned.setdefault(session, {})

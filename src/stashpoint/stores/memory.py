@@ -256,6 +256,7 @@ class MemoryStore(MetadataStore):
 
     def mark_pruned(self, session: str, ids: Sequence[str], at: str) -> list[str]:
         with self._lock:
+            self._check_fence(None, session)
             heads = {c for (s, _b), c in self._heads.items() if s == session}
             done = []
             for ident in ids:

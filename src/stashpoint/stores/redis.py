@@ -186,9 +186,14 @@ end
 return out
 """
 
-# ARGV: prefix, session, at, then ids. Skips heads, unknown ids and other sessions' ids.
-_PRUNE = """
+# ARGV: prefix, session, at, then ids. Skips heads, unknown ids and other sessions' ids;
+# refused ({'held:…'}) while another worker holds a live lease on the session.
+_PRUNE = (
+    _LEASE_CHECK
+    + """
 local p, session, at = ARGV[1], ARGV[2], ARGV[3]
+local refused = lease_refusal(p .. 'lease:' .. session, false, nil)
+if refused then return {refused} end
 local heads = {}
 for _, c in ipairs(redis.call('HVALS', p .. 'heads:' .. session)) do heads[c] = true end
 local out = {}
@@ -200,6 +205,7 @@ for i = 4, #ARGV do
 end
 return out
 """
+)
 
 # ARGV: prefix, then (digest hex, old data, new data) triples; values are codec + size + data.
 _REPOINT = """
@@ -656,6 +662,8 @@ class RedisStore(MetadataStore):
         if not ids:
             return []
         got = self._call(self._prune, args=[self.prefix, session, at, *ids])
+        if got and got[0].startswith(b"held:"):
+            self._raise_if_fenced(got[0], None, session)
         return [i.decode() for i in got]
 
     def pruned(self, session: str) -> dict[str, str]:

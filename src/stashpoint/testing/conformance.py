@@ -459,6 +459,16 @@ class MetadataStoreConformance:
         again = ms.acquire_lease("s", "worker-b", 30)
         assert again.token == got.token + 1  # tokens never repeat, also after a release
 
+    def test_retention_leaves_a_leased_session_to_its_holder(self, ms: MetadataStore) -> None:
+        ms.commit(Commit(_row("01A"), None))
+        ms.commit(Commit(_row("01B", "01A"), "01A"))
+        got = ms.acquire_lease("s", "worker-a", 30)
+        with pytest.raises(LeaseHeld, match="worker-a"):
+            ms.mark_pruned("s", ["01A"], "now")
+        assert ms.pruned("s") == {}
+        ms.release_lease(Fence("s", got.token))
+        assert ms.mark_pruned("s", ["01A"], "now") == ["01A"]
+
     def test_a_released_lease_is_not_renewed(self, ms: MetadataStore) -> None:
         """A renewal still in flight when its holder released the lease (a slow network, a
         renew thread that outlived release's wait) must not bring the lease back for a ttl,
