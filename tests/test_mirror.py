@@ -314,3 +314,148 @@ def test_a_checkpoint_copies_only_its_own_branch_head_to_the_mirror(tmp_path: Pa
     with stashpoint.open(mirror_url) as mirror:
         assert mirror.meta.branches("s")["b2"] == on_b2.id
         assert len(mirror.meta.branches("s")) == 6
+
+
+def test_artifacts_reach_the_mirror(tmp_path: Path) -> None:
+    """An artifact (a chunk list, several content-defined chunks) is copied with its record."""
+    import random
+
+    art = tmp_path / "weights.bin"
+    content = random.Random(7).randbytes(3 << 20)  # ~6 chunks of 512 KiB on average
+    art.write_bytes(content)
+    mirror_url = f"file://{tmp_path / 'm'}"
+    with stashpoint.open(tmp_path / "primary", mirror=mirror_url) as store:
+        cp = store.session("s").checkpoint({"n": 1}, files=False, artifacts={"weights": art})
+        assert cp.artifacts["weights"].chunks > 1
+        assert isinstance(store, MirroredStore) and store.mirror is not None
+        report = compare_stores(store, store.mirror)
+        assert report.to_dict()["in_sync"] is True, report.to_dict()
+    with stashpoint.open(mirror_url) as mirror:
+        assert verify_store(mirror).ok
+        got = b"".join(mirror.blobs.iter_content(bytes.fromhex(cp.artifacts["weights"].digest)))
+        assert got == content
+
+
+def test_a_mirror_added_after_prune_and_gc_catches_up(tmp_path: Path) -> None:
+    """Pruned records whose contents GC freed are copied without contents, with their marks."""
+    from stashpoint import gc, retention
+
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    primary = tmp_path / "primary"
+    with stashpoint.open(primary) as store:
+        run = store.session("s", workspace=ws)
+        for i in range(4):
+            (ws / "f.bin").write_bytes(bytes([i]) * 5000)
+            run.checkpoint({"i": i})
+        retention.apply(store, retention.plan_session(store, "s", retention.Policy(keep_last=1)))
+        assert gc.collect(store, grace=0).freed_blobs > 0
+        pruned = store.meta.pruned("s")
+    assert len(pruned) == 3
+    mirror_url = f"file://{tmp_path / 'm'}"
+    with stashpoint.open(primary, mirror=mirror_url) as store:
+        (ws / "f.bin").write_text("new")
+        store.session("s", workspace=ws).checkpoint({"i": 4})
+        assert isinstance(store, MirroredStore) and store.mirror is not None
+        assert store.primary.meta.get_meta(BEHIND_KEY) is None
+        report = compare_stores(store, store.mirror)
+        assert report.to_dict()["in_sync"] is True, report.to_dict()
+    with stashpoint.open(mirror_url) as mirror:
+        assert mirror.meta.pruned("s") == pruned
+        assert verify_store(mirror).ok
+
+
+def test_pruning_through_a_mirrored_store_marks_the_mirror_too(tmp_path: Path) -> None:
+    from stashpoint import retention
+
+    mirror_url = f"file://{tmp_path / 'm'}"
+    with stashpoint.open(tmp_path / "primary", mirror=mirror_url) as store:
+        run = store.session("s")
+        for i in range(3):
+            run.checkpoint({"i": i})
+        retention.apply(store, retention.plan_session(store, "s", retention.Policy(keep_last=1)))
+        assert isinstance(store, MirroredStore) and store.mirror is not None
+        assert len(store.primary.meta.pruned("s")) == 2
+        assert store.mirror.meta.pruned("s") == store.primary.meta.pruned("s")
+
+
+def test_a_failure_during_another_writers_catch_up_stays_marked(tmp_path: Path) -> None:
+    """Writer 1 syncs a behind mirror; meanwhile writer 2's copy fails. Writer 1 must not
+    clear the mark it did not see, so a later write copies writer 2's checkpoint."""
+    from stashpoint.errors import StoreError
+
+    primary, mirror_url = tmp_path / "primary", f"file://{tmp_path / 'm'}"
+    s1 = stashpoint.open(primary, mirror=mirror_url)
+    s2 = stashpoint.open(primary, mirror=mirror_url)
+    assert isinstance(s1, MirroredStore) and isinstance(s2, MirroredStore)
+    assert s1.replicator is not None and s2.replicator is not None
+    s1.primary.meta.set_meta(BEHIND_KEY, json.dumps({"error": "an earlier outage"}))
+    real_sync = s1.replicator.sync
+    made: list[str] = []
+
+    def boom(ident: str, marks: object = None) -> None:
+        raise StoreError("mirror connection reset")
+
+    def sync_then_writer_2() -> None:  # writer 2 runs between writer 1's sync and its clear
+        real_sync()
+        with pytest.warns(MirrorWarning, match="behind"):
+            made.append(s2.session("b").checkpoint({"y": 1}, files=False).id)
+
+    s1.replicator.sync = sync_then_writer_2  # type: ignore[method-assign]
+    s2.replicator.checkpoint = boom  # type: ignore[method-assign]
+    try:
+        s1.session("a").checkpoint({"x": 1}, files=False)
+        assert s1.primary.meta.get_meta(BEHIND_KEY) is not None, "writer 2's failure kept"
+        s1.replicator.sync = real_sync  # type: ignore[method-assign]
+        s1.session("a").checkpoint({"x": 2}, files=False)  # catches up
+        assert s1.primary.meta.get_meta(BEHIND_KEY) is None
+        assert s1.mirror is not None and s1.mirror.meta.get_checkpoint(made[0]) is not None
+        report = compare_stores(s1, s1.mirror)
+        assert report.to_dict()["in_sync"] is True, report.to_dict()
+    finally:
+        s2.close()
+        s1.close()
+
+
+def test_a_label_changed_while_another_writer_copies_it_ends_equal(tmp_path: Path) -> None:
+    """Writer 1 reads the primary's label, writer 2 removes it (primary and mirror), then
+    writer 1 writes its stale copy to the mirror: writer 1 must notice and copy again."""
+    primary, mirror_url = tmp_path / "primary", f"file://{tmp_path / 'm'}"
+    s1 = stashpoint.open(primary, mirror=mirror_url)
+    s2 = stashpoint.open(primary, mirror=mirror_url)
+    assert isinstance(s1, MirroredStore) and s1.replicator is not None
+    try:
+        cp = s1.session("s").checkpoint({"x": 1}, files=False)
+        pmeta = s1.replicator.p.meta
+        real_labels = pmeta.labels
+        calls: list[int] = []
+
+        def labels(session: str) -> dict[str, str]:
+            out = real_labels(session)
+            calls.append(1)
+            if len(calls) == 1:  # writer 1's read for the mirror: writer 2 acts right after
+                s2.session("s").label(cp.id, None)
+            return out
+
+        pmeta.labels = labels  # type: ignore[method-assign]
+        s1.session("s").label(cp.id, "release")
+        pmeta.labels = real_labels  # type: ignore[method-assign]
+        assert calls, "the interleaving happened"
+        assert s1.primary.meta.labels("s") == {}
+        assert s1.mirror is not None and s1.mirror.meta.labels("s") == {}
+        assert compare_stores(s1, s1.mirror).to_dict()["in_sync"] is True
+    finally:
+        s2.close()
+        s1.close()
+
+
+def test_verify_mirror_compares_labels(tmp_path: Path) -> None:
+    mirror_url = f"file://{tmp_path / 'm'}"
+    with stashpoint.open(tmp_path / "primary", mirror=mirror_url) as store:
+        cp = store.session("s").checkpoint({"x": 1}, files=False, label="v1")
+        assert isinstance(store, MirroredStore) and store.mirror is not None
+        assert compare_stores(store, store.mirror).to_dict()["in_sync"] is True
+        store.mirror.meta.set_label(cp.id, "s", "other")  # diverged behind our back
+        report = compare_stores(store, store.mirror)
+        assert report.ok and not report.to_dict()["in_sync"]
+        assert any(p.checkpoint == cp.id and "label" in p.message for p in report.behind)

@@ -11,11 +11,12 @@
   clearing it.
 * **What is copied:** checkpoint records (byte for byte, so the hash chain and keyed digests
   verify there too), everything they reference (state values, workspace trees and file
-  contents, conversation and journal logs), branch heads and labels. Blobs are copied as
+  contents, artifacts, conversation and journal logs), branch heads, labels and pruned marks
+  (a pruned record is copied without its contents: GC may have freed them). Blobs are copied as
   verified content and stored inline in the mirror's metadata store, whatever the primary's
   placement (packs and chunk files are local to the primary). Damage is never copied: records
-  and blobs are verified on the way. Store-local bookkeeping (GC marks and epochs, retention
-  marks, durable-run records) stays with each store; run ``gc`` on each store separately.
+  and blobs are verified on the way. Store-local bookkeeping (GC marks and epochs, durable-run
+  records) stays with each store; run ``gc`` on each store separately.
 * **Reads fall back to the mirror** when the primary's record or blob fails verification
   (:class:`IntegrityError`), is missing, or the primary is unreachable (:class:`StoreError`),
   with a warning naming what was damaged. Conversation logs are read from the primary only.
@@ -30,6 +31,7 @@ fallback reads need the record and blob verification that sits above the backend
 from __future__ import annotations
 
 import json
+import uuid
 import warnings
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -71,6 +73,34 @@ __all__ = [
 
 BEHIND_KEY = "mirror:behind"
 """Primary store meta key: JSON ``{"mirror", "since", "error"}`` while the mirror lags."""
+
+_FAILED = BEHIND_KEY + ":"
+"""Prefix of one more key per failed copy (``mirror:behind:<token>``, the same JSON). The meta
+store has no compare-and-set, so a writer that caught the mirror up may clear only the marks
+it saw before its sync: a failure recorded meanwhile has a key of its own and survives."""
+
+
+def _behind_marks(meta: MetadataStore) -> dict[str, str]:
+    """The summary mark and every failure's own mark (one read: the same key prefix)."""
+    return dict(meta.iter_meta(BEHIND_KEY))
+
+
+def _since(raw: str) -> str:
+    try:
+        return str(json.loads(raw).get("since", ""))
+    except (ValueError, AttributeError):
+        return ""
+
+
+def _clear_behind(meta: MetadataStore, seen: dict[str, str]) -> None:
+    """After a full sync: drop the failure marks seen before it began; the summary goes only
+    when no failure recorded since then is left."""
+    for key in seen:
+        if key.startswith(_FAILED):
+            meta.set_meta(key, None)
+    if not any(True for _ in meta.iter_meta(_FAILED)):
+        meta.set_meta(BEHIND_KEY, None)
+
 
 _BATCH_BYTES = 8 << 20
 _BATCH_MESSAGES = 1000
@@ -164,8 +194,9 @@ class _Replicator:
         return None
 
     # -- checkpoints, heads, labels -------------------------------------------------------
-    def checkpoint(self, ident: str) -> None:
-        """Copy a checkpoint and every ancestor the mirror lacks, oldest first."""
+    def checkpoint(self, ident: str, marks: dict[str, dict[str, str]] | None = None) -> None:
+        """Copy a checkpoint and every ancestor the mirror lacks, oldest first. ``marks``:
+        session -> the primary's pruned marks, read once per session (a cache for ``sync``)."""
         chain: list[CheckpointRow] = []
         cur: str | None = ident
         while cur is not None and self.m.meta.get_checkpoint(cur) is None:
@@ -174,20 +205,38 @@ class _Replicator:
                 raise NotFoundError(f"checkpoint {cur} is missing from the primary")
             chain.append(row)
             cur = row.parent
+        marks = {} if marks is None else marks
         for row in reversed(chain):
             cp = self.p.open_row(row)  # never copy damage
-            self.contents(cp)
+            known = marks.get(row.session)
+            if known is None or row.id not in known:
+                try:
+                    self.contents(cp)
+                except NotFoundError:
+                    # A pruned record's contents may be freed by GC already: copy the record
+                    # alone (the chain needs it) and its pruned mark. Read the marks only
+                    # here: a session's marks can be many, and a new checkpoint has none.
+                    if known is None:
+                        known = marks[row.session] = self.p.meta.pruned(row.session)
+                    if row.id not in known:
+                        raise
             try:
                 self.m.meta.commit(Commit(row, None, move_head=False))
             except ConflictError:
                 if self.m.meta.get_checkpoint(row.id) is None:
                     raise
                 # another process copied it first (they share the mirror): fine
+        for session in {row.session for row in chain} & marks.keys():
+            ids = [row.id for row in chain if row.id in marks[session]]
+            if ids:
+                self.pruned(session, {i: marks[session][i] for i in ids})
 
     def contents(self, cp: Checkpoint) -> None:
         self.blobs(bytes.fromhex(h) for h in cp.state.values.values())
         if cp.workspace is not None:
             self.tree(bytes.fromhex(cp.workspace.tree))
+        # An artifact is a blob or a chunk list (artifacts.py): blobs() copies both kinds.
+        self.blobs(bytes.fromhex(a.digest) for a in cp.artifacts.values())
         for ref in (cp.state.conversation, cp.journal):
             if ref is not None:
                 self.log(ref.log)
@@ -212,21 +261,45 @@ class _Replicator:
                     continue
 
     def labels(self, session: str) -> None:
+        """Labels have no compare-and-set: another writer may change a label between our read
+        of the primary and our write to the mirror, and our stale write would land last. So
+        read the primary again after writing: unchanged means whatever changes it later is
+        copied by its writer after ours; changed means copy again."""
         want = self.p.meta.labels(session)
-        have = self.m.meta.labels(session)
-        for ident, label in want.items():
-            if have.get(ident) != label and self.m.meta.get_checkpoint(ident) is not None:
-                self.m.meta.set_label(ident, session, label)
-        for ident in have.keys() - want.keys():
-            self.m.meta.set_label(ident, session, None)
+        for _attempt in range(5):
+            have = self.m.meta.labels(session)
+            for ident, label in want.items():
+                if have.get(ident) != label and self.m.meta.get_checkpoint(ident) is not None:
+                    self.m.meta.set_label(ident, session, label)
+            for ident in have.keys() - want.keys():
+                self.m.meta.set_label(ident, session, None)
+            now = self.p.meta.labels(session)
+            if now == want:
+                return
+            want = now
+        raise ConflictError(f"the labels of session {session!r} kept changing while copied")
+
+    def pruned(self, session: str, want: dict[str, str] | None = None) -> None:
+        """Copy pruned marks (``want``: id -> when; default all of the session's) that the
+        mirror lacks, for records it has. A prune is never undone, so marks only get added."""
+        want = self.p.meta.pruned(session) if want is None else want
+        have = self.m.meta.pruned(session)
+        by_time: dict[str, list[str]] = {}
+        for ident, at in want.items():
+            if ident not in have:
+                by_time.setdefault(at, []).append(ident)
+        for at, ids in sorted(by_time.items()):
+            self.m.meta.mark_pruned(session, ids, at)  # skips what the mirror lacks
 
     def sync(self) -> None:
         """Bring the whole mirror up to the primary (after it was down, or when it is new)."""
         for session in self.p.meta.sessions():
+            marks = {session: self.p.meta.pruned(session)}
             for row in reversed(self.p.meta.list_checkpoints(session)):
-                self.checkpoint(row.id)
+                self.checkpoint(row.id, marks)
             self.heads(session)
             self.labels(session)
+            self.pruned(session)  # after heads: a mirror never marks its own head pruned
         for log, _info in self.p.meta.iter_logs():
             self.log(log)
 
@@ -234,7 +307,7 @@ class _Replicator:
 class _MirroredMeta(ForwardingStore):
     """The primary's metadata store, with writes copied to the mirror after they succeed and
     reads served by the mirror while the primary is unreachable. Everything else - leases,
-    blob checks a writer relies on, GC and retention marks - is the primary's own business
+    blob checks a writer relies on, GC marks - is the primary's own business
     and passes through; blobs reach the mirror with the checkpoints that reference them."""
 
     def __init__(self, primary: MetadataStore, store: MirroredStore) -> None:
@@ -249,17 +322,31 @@ class _MirroredMeta(ForwardingStore):
             self._behind(self.store.mirror_error or "the mirror could not be opened")
             return
         try:
-            if self.inner.get_meta(BEHIND_KEY) is not None:
+            seen = _behind_marks(self.inner)
+            if seen:
                 rep.sync()
-                self.inner.set_meta(BEHIND_KEY, None)
+                _clear_behind(self.inner, seen)
             copy(rep)
         except Exception as exc:
             self._behind(f"{type(exc).__name__}: {exc}")
 
     def _behind(self, error: str) -> None:
-        if self.inner.get_meta(BEHIND_KEY) is None:  # keep the first failure's time and reason
+        marks = _behind_marks(self.inner)
+        summary = marks.get(BEHIND_KEY)
+        if summary is None:  # keep the first failure's time and reason
+            firsts = [v for k, v in marks.items() if k.startswith(_FAILED)]
+            summary = min(firsts, key=_since) if firsts else None
+        if summary is None:
             record = {"mirror": self.store.mirror_url, "since": utc_now_iso(), "error": error}
-            self.inner.set_meta(BEHIND_KEY, json.dumps(record))
+            summary = json.dumps(record)
+        # Our own key first, then drop the older failure keys: ours covers them (a sync that
+        # may clear ours begins after it exists, so after all of them), and they stay few.
+        self.inner.set_meta(_FAILED + uuid.uuid4().hex, summary)
+        for key in marks:
+            if key.startswith(_FAILED):
+                self.inner.set_meta(key, None)
+        if BEHIND_KEY not in marks:
+            self.inner.set_meta(BEHIND_KEY, summary)
         if not self._warned:  # once per store object, in every process
             self._warned = True
             warnings.warn(
@@ -299,6 +386,12 @@ class _MirroredMeta(ForwardingStore):
     def append_log(self, append: LogAppend) -> None:
         self.inner.append_log(append)
         self._then_mirror(lambda rep: rep.log(append.log))
+
+    def mark_pruned(self, session: str, ids: Sequence[str], at: str) -> list[str]:
+        marked = self.inner.mark_pruned(session, ids, at)
+        if marked:  # the mirror's verify and GC must see the same pruned records
+            self._then_mirror(lambda rep: rep.pruned(session, dict.fromkeys(marked, at)))
+        return marked
 
     # -- reads: the primary, or the mirror while the primary is unreachable ----------------
     def _read(self, name: str, *args: Any, **kwargs: Any) -> Any:
@@ -469,8 +562,9 @@ class MirroredStore(Store):
         """Copy everything the mirror lacks now (also clears the "behind" mark)."""
         if self.replicator is None:
             raise StoreError(f"the mirror {self.mirror_url} is not reachable: {self.mirror_error}")
+        seen = _behind_marks(self.primary.meta)
         self.replicator.sync()
-        self.primary.meta.set_meta(BEHIND_KEY, None)
+        _clear_behind(self.primary.meta, seen)
 
     def close(self) -> None:
         if self.wrote:
@@ -565,7 +659,8 @@ def compare_stores(primary: Store, mirror: Store) -> MirrorReport:
         report.damaged.append(Problem(f"primary: {p.message}", p.checkpoint, p.session))
     for p in verify_store(mirror).problems:
         report.damaged.append(Problem(f"mirror: {p.message}", p.checkpoint, p.session))
-    raw = primary.meta.get_meta(BEHIND_KEY)
+    marks = _behind_marks(primary.meta)
+    raw = marks.get(BEHIND_KEY) or next(iter(marks.values()), None)
     if raw is not None:
         try:
             report.behind_since = json.loads(raw)
@@ -594,6 +689,18 @@ def compare_stores(primary: Store, mirror: Store) -> MirrorReport:
                 report.damaged.append(
                     Problem(
                         f"checkpoint {ident} has different digests in the primary and the mirror",
+                        ident,
+                        session,
+                    )
+                )
+        p_labels = primary.meta.labels(session)
+        m_labels = mirror.meta.labels(session)
+        for ident in sorted(p_labels.keys() | m_labels.keys()):
+            pl, ml = p_labels.get(ident), m_labels.get(ident)
+            if pl != ml:
+                report.behind.append(
+                    Problem(
+                        f"checkpoint {ident}: primary label {pl!r}, mirror label {ml!r}",
                         ident,
                         session,
                     )
