@@ -130,49 +130,84 @@ def test_errors_propagate_unchanged_and_a_closed_store_refuses(tmp_path: Path) -
     _run(main())
 
 
+# Sync names deliberately without an async twin of the same name, and why.
+_NO_TWIN: dict[type, set[str]] = {
+    stashpoint.Session: {
+        "head",  # a property that may read the store: `await run.get_head()` instead
+        "durable",  # the engine itself, used through the sync session (`run.sync.durable`)
+        "fence",  # a property that may renew the lease (a store round trip): see its lease
+        "run",  # a sync program: `await run.run_sync(stashpoint.Session.run, fn)`
+        "resume",  # an alias of run
+    },
+    stashpoint.Store: {
+        "gc_epoch",  # plumbing the store's sessions stamp their caches with (reads the store)
+        "committed",  # a hook sessions call after each commit
+        "open_row",  # verification plumbing on raw rows
+        "last_good",
+        "with_last_good",
+    },
+}
+# AsyncLease *is* a Lease (it inherits every sync name); these need no awaitable twin, every
+# other public Lease name needs one named with an ``a`` (as ``arun`` for ``run``).
+_LEASE_NO_IO = {"lost", "mark_lost"}
+# Twins that do no store I/O, so they are plain methods rather than coroutines.
+_NOT_AWAITED = {
+    "step",
+    "tool",
+    "plan",
+    "task",
+    "set_task",
+    "track",
+    "validator",
+    "validate",
+    "resource",
+    "get_resource",
+}
+_DUNDER_TWINS = {"__enter__": "__aenter__", "__exit__": "__aexit__"}
+_INTERNAL_PARAMS = {"checkpoint": {"journal"}}  # the durable engine's own parameter
+
+
 def test_the_async_names_mirror_the_sync_signatures() -> None:
-    """Names, kinds and defaults of the parameters match, so the two faces cannot drift."""
-    mirrored = [
-        "checkpoint",
-        "state",
-        "history",
-        "get",
-        "resolve",
-        "rewind",
-        "fork",
-        "diff",
-        "label",
-        "labels",
-        "branches",
-        "tasks",
-        "effects",
-        "pending",
-        "approve",
-        "reject",
-        "arun",
-        "step",
-        "tool",
-        "plan",
-        "task",
-        "set_task",
-        "track",
-        "artifacts",
-        "fetch_artifact",
-    ]
-    internal = {"checkpoint": {"journal"}}  # the durable engine's own parameter
-    for name in mirrored:
-        want = [
-            (p.name, p.kind, p.default)
-            for p in inspect.signature(getattr(stashpoint.Session, name)).parameters.values()
-            if p.name not in internal.get(name, set())
-        ]
-        got = [
-            (p.name, p.kind, p.default)
-            for p in inspect.signature(getattr(AsyncSession, name)).parameters.values()
-        ]
-        assert got == want, name
-        io = name not in ("step", "tool", "plan", "task", "set_task", "track")
-        assert inspect.iscoroutinefunction(getattr(AsyncSession, name)) == io, name
+    """Every public name of the sync classes has a twin (minus _NO_TWIN), with the same
+    parameter names, kinds and defaults, so a new sync method without a twin fails here."""
+    for sync_cls, async_cls in [(stashpoint.Session, AsyncSession), (stashpoint.Store, AsyncStore)]:
+        public = [n for n in dir(sync_cls) if not n.startswith("_")] + list(_DUNDER_TWINS)
+        for name in public:
+            if name in _NO_TWIN[sync_cls] or not hasattr(sync_cls, name):
+                continue
+            where = f"{async_cls.__name__}.{name}"
+            if name in _DUNDER_TWINS:
+                twin = getattr(async_cls, _DUNDER_TWINS[name], None)
+                assert twin is not None and inspect.iscoroutinefunction(twin), where
+                continue
+            sync_attr = inspect.getattr_static(sync_cls, name)
+            assert hasattr(async_cls, name), f"{where} is missing"
+            if isinstance(sync_attr, property):
+                assert isinstance(inspect.getattr_static(async_cls, name), property), where
+                continue
+            want = [
+                (p.name, p.kind, p.default)
+                for p in inspect.signature(getattr(sync_cls, name)).parameters.values()
+                if p.name not in _INTERNAL_PARAMS.get(name, set())
+            ]
+            got = [
+                (p.name, p.kind, p.default)
+                for p in inspect.signature(getattr(async_cls, name)).parameters.values()
+            ]
+            assert got == want, where
+            io = name not in _NOT_AWAITED
+            assert inspect.iscoroutinefunction(getattr(async_cls, name)) == io, where
+    alease = stashpoint.aio.AsyncLease
+    assert issubclass(alease, stashpoint.Lease)
+    for name in _DUNDER_TWINS.values():
+        assert inspect.iscoroutinefunction(getattr(alease, name)), name
+    for name in dir(stashpoint.Lease):
+        if name.startswith("_") or name in _LEASE_NO_IO:
+            continue
+        twin = getattr(alease, "a" + name, None)
+        assert twin is not None and inspect.iscoroutinefunction(twin), f"AsyncLease.a{name}"
+        sig = inspect.signature(getattr(stashpoint.Lease, name))
+        assert inspect.signature(twin).parameters == sig.parameters, name
     sync_open = inspect.signature(stashpoint.open).parameters
     async_open = inspect.signature(stashpoint.aio.open).parameters
     assert list(sync_open) == [p for p in async_open if p != "max_workers"]
@@ -299,6 +334,50 @@ def test_a_cancelled_checkpoint_that_started_completes_and_the_store_verifies(
         release.set()
 
 
+@pytest.mark.parametrize("how", ["lease", "session"])
+def test_a_lease_acquired_for_a_cancelled_caller_is_released(
+    tmp_path: Path, how: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Cancelled (or timed out) while its worker acquires the lease (``wait=`` polling, a slow
+    store), the caller is gone when the worker gets it: it must be released, not renewed by
+    its thread until the process exits with the session locked for everyone."""
+    acquiring, go_on = threading.Event(), threading.Event()
+
+    async def main() -> None:
+        async with await stashpoint.aio.open(tmp_path / "store") as store:
+            real = store.sync.meta.acquire_lease
+            held: list[bool] = []
+
+            def slow_acquire(*args: Any, **kwargs: Any) -> Any:
+                got = real(*args, **kwargs)
+                if not held:  # the first acquisition waits until its caller has given up
+                    held.append(True)
+                    acquiring.set()
+                    go_on.wait(10)
+                return got
+
+            monkeypatch.setattr(store.sync.meta, "acquire_lease", slow_acquire)
+            call = (
+                store.lease("s", ttl=2, wait=30) if how == "lease" else store.session("s", lease=2)
+            )
+            task: asyncio.Task[Any] = asyncio.create_task(call)
+            while not acquiring.is_set():
+                await asyncio.sleep(0.001)
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+            go_on.set()
+            # another worker gets the session (it waits while the orphan is being released)
+            other = await store.run_sync(lambda s: s.lease("s", ttl=2, wait=10))
+            assert other.token == 2
+            await asyncio.get_running_loop().run_in_executor(None, other.release)
+
+    try:
+        _run(main())
+    finally:
+        go_on.set()
+
+
 def test_a_cancelled_call_that_had_not_started_never_runs(tmp_path: Path) -> None:
     busy, release = threading.Event(), threading.Event()
 
@@ -416,6 +495,142 @@ def test_a_durable_program_pauses_is_approved_and_resumes_without_rerunning(
             assert cp.kind == "approval" and await rejected.pending() is None
 
     _run(main())
+
+
+def test_arun_starts_and_closes_its_run_off_the_event_loop(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The run's start (journal, compensations) and its closing "completed" / "failed"
+    checkpoint (a workspace snapshot) run in worker threads, not on the loop: a callback
+    scheduled on the loop runs while the closing checkpoint is being taken."""
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    (ws / "a.txt").write_text("a")
+
+    async def main() -> dict[str, set[str]]:
+        loop = asyncio.get_running_loop()
+        async with await stashpoint.aio.open(tmp_path / "store") as store:
+            run = await store.session("d", workspace=ws)
+            engine = run.sync.durable
+            threads: dict[str, set[str]] = {}
+            for name in ("begin", "_finish", "_failed"):
+
+                def spy(
+                    *a: Any, _real: Any = getattr(engine, name), _n: str = name, **k: Any
+                ) -> Any:
+                    threads.setdefault(_n, set()).add(threading.current_thread().name)
+                    return _real(*a, **k)
+
+                monkeypatch.setattr(engine, name, spy)
+
+            def state() -> dict[str, Any]:
+                # called by the closing checkpoint: only a free loop runs this callback
+                loop_ran = threading.Event()
+                loop.call_soon_threadsafe(loop_ran.set)
+                return {"loop_ran": loop_ran.wait(5)}
+
+            run.track(state)
+
+            @run.step
+            async def work(x: int) -> int:
+                return x + 1
+
+            async def ok() -> int:
+                return await work(1)
+
+            async def bad() -> None:
+                await work(2)
+                raise ValueError("boom")
+
+            res = await run.arun(ok)
+            assert res.status == "completed" and res.value == 2
+            assert await run.state() == {"loop_ran": True}
+            with pytest.raises(ValueError, match="boom"):
+                await run.arun(bad, fresh=True)
+            head = await run.get_head()
+            assert head is not None and head.status == "failed"
+            assert await run.state() == {"loop_ran": True}
+            return threads
+
+    threads = _run(main())
+    assert set(threads) == {"begin", "_finish", "_failed"}
+    assert all(t.startswith("stashpoint-aio") for seen in threads.values() for t in seen)
+
+
+def test_the_other_twins_work_without_blocking_the_loop(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """edit / validators, read_artifact, resources, remaining_tasks, ``async with`` on a
+    session and a lease, and the store's resolve / get / durability: the sync behaviour,
+    with the blocking part (here: every lease release) in a worker thread."""
+    from stashpoint.edit import ValidationError
+
+    art = tmp_path / "weights.bin"
+    art.write_bytes(os.urandom(300_000))
+
+    async def main() -> set[str]:
+        async with await stashpoint.aio.open(tmp_path / "store") as store:
+            released_in: set[str] = set()
+            real_release = store.sync.meta.release_lease
+
+            def release_lease(*args: Any, **kwargs: Any) -> Any:
+                released_in.add(threading.current_thread().name)
+                return real_release(*args, **kwargs)
+
+            monkeypatch.setattr(store.sync.meta, "release_lease", release_lease)
+
+            async with await store.session("s", lease=30) as run:
+
+                @run.validator
+                def no_debt(state: dict[str, Any]) -> bool | str:
+                    return state.get("budget", 0) >= 0 or "negative budget"
+
+                cp = await run.checkpoint({"budget": 1}, artifacts={"w": art})
+                with pytest.raises(ValidationError, match="negative budget"):
+                    await run.edit(assign={"budget": -1})
+                with pytest.raises(ValidationError):
+                    run.validate({"budget": -5})
+                edited = await run.edit(assign={"budget": 5}, reason="more")
+                assert edited.kind == "edit" and await run.state() == {"budget": 5}
+                chunks = [c async for c in await run.read_artifact(cp.id, "w")]
+                assert b"".join(chunks) == art.read_bytes()
+                with pytest.raises(stashpoint.NotFoundError):
+                    await run.read_artifact(cp.id, "nope")
+
+                @run.resource("conn")
+                def conn() -> object:
+                    return object()
+
+                assert run.get_resource("conn") is run.get_resource("conn")
+                await run.check_may_write()
+                assert await run.complete_interrupted_restore() is False
+
+            # `async with` released the session's lease: another lease can be had at once
+            async with await store.lease("s", ttl=30) as lease:
+                assert isinstance(lease, stashpoint.Lease) and not lease.lost
+                await lease.acheck()
+                await lease.arenew()
+            assert lease.lost
+
+            assert await store.resolve(cp.id[:12]) == cp.id
+            assert (await store.get(cp.id)).id == cp.id
+            assert str(await store.set_durability("exit")) == "exit"
+            assert (await store.durability_report())["backend"] == store.sync.meta.durability
+
+            durable = await store.session("d")
+
+            async def program() -> list[str]:
+                durable.plan(["think", "ship"])
+                with durable.task("think"):
+                    pass
+                return [t.id for t in await durable.remaining_tasks()]
+
+            assert (await durable.arun(program)).value == ["ship"]
+            return released_in
+
+    released_in = _run(main())
+    assert len(released_in) >= 1
+    assert threading.main_thread().name not in released_in  # the loop's thread
 
 
 # -- shared stores ----------------------------------------------------------------------------

@@ -46,8 +46,10 @@ each commit is atomic anyway (SPEC C1), so there is never a half-written checkpo
 calls on the session queue behind it and see its effect.
 
 **Durable programs run on the loop; their journal I/O does not.** :meth:`AsyncSession.arun`
-awaits :meth:`Session.arun` on the event loop (the program's coroutines must run there), after
-every call made before it on the session has finished. An async durable step takes its slot
+runs the program's coroutines on the event loop (they must run there), after every call made
+before it on the session has finished; the run's start (reading the journal, pending
+compensations) and its closing "completed" or "failed" checkpoint (a workspace snapshot) run in
+the session's queue. An async durable step takes its slot
 on the loop (so call order is kept under ``asyncio.gather``), runs its body there, and awaits
 its fsynced journal append in this session's queue (the engine's ``offload`` hook): other
 coroutines keep running during the disk flush. A *sync* step inside an async program cannot
@@ -63,13 +65,14 @@ import contextvars
 import functools
 import os
 import threading
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec, TypeVar, cast, overload
 
 from ._store import Store, open_store
 from .errors import UsageError
+from .lease import Lease
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -77,11 +80,10 @@ if TYPE_CHECKING:
 
     from .durability import Durability
     from .durable import Effect, Pending, RunResult, Task
-    from .lease import Lease
     from .model import ArtifactRef, Checkpoint
     from .session import CheckpointDiff, RewindResult, Session
 
-__all__ = ["AsyncSession", "AsyncStore", "open", "open_async"]
+__all__ = ["AsyncLease", "AsyncSession", "AsyncStore", "open", "open_async"]
 
 P = ParamSpec("P")
 T = TypeVar("T")
@@ -178,36 +180,82 @@ class AsyncStore:
     def id(self) -> str:
         return self.sync.id
 
-    async def _in_pool(self, fn: Callable[P, T], /, *args: P.args, **kwargs: P.kwargs) -> T:
+    def _submit(self, call: Callable[[], T]) -> Future[T]:
         if self._closed:
             raise _closed()
         try:
-            fut = self._pool.submit(_bind(fn, *args, **kwargs))
+            return self._pool.submit(call)
         except RuntimeError:
             raise _closed() from None
-        return await asyncio.wrap_future(fut)
+
+    async def _in_pool(self, fn: Callable[P, T], /, *args: P.args, **kwargs: P.kwargs) -> T:
+        return await asyncio.wrap_future(self._submit(_bind(fn, *args, **kwargs)))
+
+    async def _acquire(self, drop: Callable[[T], object], call: Callable[[], T]) -> T:
+        """``call()`` in the pool, for a result that holds something (a lease) until dropped.
+
+        A started call cannot be interrupted: if the caller is cancelled (or times out) while
+        it runs, ``drop`` its result when it arrives, or nobody would ever release it.
+        """
+        fut = self._submit(call)
+        try:
+            return await asyncio.wrap_future(fut)
+        except asyncio.CancelledError:
+            fut.add_done_callback(functools.partial(_drop_orphan, drop))
+            raise
 
     async def session(self, name: str = "main", **kwargs: Any) -> AsyncSession:
         """Open (or start) a session; the options are :class:`~stashpoint.Session`'s.
 
         A coroutine because opening does I/O: it reads which branch the workspace follows
-        and completes a rewind that a crash interrupted.
+        and completes a rewind that a crash interrupted. With ``lease=True`` (or a ttl) it
+        takes the session's lease; cancelled meanwhile, that lease is released.
         """
-        sync = await self._in_pool(self.sync.session, name, **kwargs)
+        from .session import Session
+
+        # Session.close releases only a lease the session took itself, not one passed in.
+        sync = await self._acquire(Session.close, _bind(self.sync.session, name, **kwargs))
         return AsyncSession(sync, self)
 
     async def sessions(self) -> list[str]:
         return await self._in_pool(self.sync.sessions)
 
+    async def resolve(self, ref: str, session: str | None = None) -> str:
+        """Full id from an id, a unique id prefix or a label (see :meth:`Store.resolve`)."""
+        return await self._in_pool(self.sync.resolve, ref, session)
+
+    async def get(self, ident: str, *, check_parent: bool = True) -> Checkpoint:
+        """A verified checkpoint (see :meth:`Store.get`)."""
+        return await self._in_pool(self.sync.get, ident, check_parent=check_parent)
+
     async def flush(self) -> None:
         """Make every checkpoint committed so far durable (deferred durability levels)."""
         await self._in_pool(self.sync.flush)
 
+    async def set_durability(self, level: Durability | str) -> Durability:
+        """Record ``level`` as the store's default (see :meth:`Store.set_durability`)."""
+        return await self._in_pool(self.sync.set_durability, level)
+
+    async def durability_report(self, level: Durability | None = None) -> dict[str, Any]:
+        """The level and what the backend makes of it (see :meth:`Store.durability_report`)."""
+        return await self._in_pool(self.sync.durability_report, level)
+
+    @property
+    def cache_dir(self) -> Path | None:
+        return self.sync.cache_dir
+
     async def lease(
         self, session: str, *, ttl: float = 30.0, owner: str | None = None, wait: float = 0.0
-    ) -> Lease:
-        """Own ``session`` across workers; pass it to :meth:`session` as ``lease=``."""
-        return await self._in_pool(self.sync.lease, session, ttl=ttl, owner=owner, wait=wait)
+    ) -> AsyncLease:
+        """Own ``session`` across workers; pass it to :meth:`session` as ``lease=``.
+
+        Cancelled (or timed out) while it waits, a lease acquired afterwards is released
+        at once instead of being renewed for nobody.
+        """
+        lease = await self._acquire(
+            Lease.release, _bind(self.sync.lease, session, ttl=ttl, owner=owner, wait=wait)
+        )
+        return AsyncLease._adopt(lease)
 
     async def run_sync(
         self, fn: Callable[Concatenate[Store, P], T], /, *args: P.args, **kwargs: P.kwargs
@@ -273,14 +321,56 @@ async def open(
     try:
         store = await asyncio.shield(fut)
     except asyncio.CancelledError:
-        fut.add_done_callback(_close_orphan)  # opened for a caller that is gone
+        # opened for a caller that is gone
+        fut.add_done_callback(functools.partial(_drop_orphan, Store.close))
         raise
     return AsyncStore(store, max_workers=max_workers)
 
 
-def _close_orphan(fut: asyncio.Future[Store]) -> None:
+def _drop_orphan(drop: Callable[[T], object], fut: Future[T] | asyncio.Future[T]) -> None:
+    """Done-callback: let go of what a call made for a caller that was cancelled."""
     if not fut.cancelled() and fut.exception() is None:
-        fut.result().close()
+        drop(fut.result())
+
+
+class AsyncLease(Lease):
+    """The :class:`~stashpoint.Lease` that :meth:`AsyncStore.lease` returns: a ``Lease``
+    (pass it to sessions, sync or async), plus ``arelease`` / ``arenew`` / ``acheck``, awaited,
+    and ``async with``. Releasing joins the renewal thread and makes a store round trip (and
+    ``check`` may renew), so on the loop use those rather than the blocking sync methods.
+    """
+
+    @classmethod
+    def _adopt(cls, lease: Lease) -> AsyncLease:
+        # Store.lease builds the Lease (and its wait loop); only methods are added here, no
+        # state, so re-classing the live object keeps its renewal thread and fencing token.
+        lease.__class__ = cls
+        return cast("AsyncLease", lease)
+
+    async def arelease(self) -> None:
+        """:meth:`release` in a worker thread. Shielded: once asked for, the release happens
+        even if the caller is cancelled (a skipped one would keep renewing for nobody)."""
+        loop = asyncio.get_running_loop()
+        await asyncio.shield(loop.run_in_executor(None, self.release))
+
+    async def arenew(self) -> None:
+        """:meth:`renew` in a worker thread."""
+        await asyncio.get_running_loop().run_in_executor(None, self.renew)
+
+    async def acheck(self) -> None:
+        """:meth:`check` in a worker thread (past its ttl it asks the store)."""
+        await asyncio.get_running_loop().run_in_executor(None, self.check)
+
+    async def __aenter__(self) -> AsyncLease:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.arelease()
 
 
 open_async = open
@@ -358,6 +448,10 @@ class AsyncSession:
     async def diff(self, a: str | Checkpoint, b: str | Checkpoint) -> CheckpointDiff:
         return await self._call(self.sync.diff, a, b)
 
+    async def check_may_write(self) -> None:
+        """LeaseLost / LeaseHeld if the store would refuse this session's writes."""
+        await self._call(self.sync.check_may_write)
+
     # -- writing --------------------------------------------------------------------------
     async def checkpoint(
         self,
@@ -410,8 +504,54 @@ class AsyncSession:
         """Write an artifact to ``dest`` atomically (see :meth:`Session.fetch_artifact`)."""
         return await self._call(self.sync.fetch_artifact, ref, name, dest, progress=progress)
 
+    async def read_artifact(self, ref: str | Checkpoint | None, name: str) -> AsyncIterator[bytes]:
+        """Stream an artifact's content, verified chunk by chunk (see
+        :meth:`Session.read_artifact`): ``async for chunk in await run.read_artifact(...)``.
+
+        Awaiting it finds the artifact (so a missing one raises there, as the sync call
+        does); each chunk is then read in this session's queue.
+        """
+        chunks = await self._call(self.sync.read_artifact, ref, name)
+        return _Chunks(self, chunks)
+
     async def label(self, ref: str, label: str | None) -> Checkpoint:
         return await self._call(self.sync.label, ref, label)
+
+    async def edit(
+        self,
+        ref: str | Checkpoint | None = None,
+        *,
+        assign: Mapping[str, Any] | None = None,
+        patch: list[dict[str, Any]] | None = None,
+        state: Mapping[str, Any] | None = None,
+        reason: str | None = None,
+        by: str | None = None,
+        branch: str | None = None,
+    ) -> Checkpoint:
+        """Correct a checkpoint's state as a new child checkpoint (see :meth:`Session.edit`);
+        validators run in the worker thread."""
+        return await self._call(
+            self.sync.edit,
+            ref,
+            assign=assign,
+            patch=patch,
+            state=state,
+            reason=reason,
+            by=by,
+            branch=branch,
+        )
+
+    def validator(self, fn: F) -> F:
+        """Decorator: register a state validator for :meth:`edit` (no I/O)."""
+        return self.sync.validator(fn)
+
+    def validate(self, state: dict[str, Any]) -> None:
+        """Run every validator (see :meth:`Session.validate`); no store I/O, so not awaited."""
+        self.sync.validate(state)
+
+    async def complete_interrupted_restore(self) -> bool:
+        """Finish a rewind a crash interrupted (opening a session already does)."""
+        return await self._call(self.sync.complete_interrupted_restore)
 
     async def rewind(
         self,
@@ -457,7 +597,8 @@ class AsyncSession:
         """Run (or resume) the async program ``fn`` as a durable program, on the event loop
         (see :meth:`Session.arun`), once every call made before on this session is done.
 
-        Journal appends of its steps are inline (see the module docstring).
+        Its start (reading the journal, pending compensations) and its final checkpoint
+        (a full workspace snapshot) run off the loop, like its steps' journal appends.
         """
         await self._call(_nothing)
         return await self.sync.arun(fn, *args, fresh=fresh, **kwargs)
@@ -465,6 +606,10 @@ class AsyncSession:
     async def tasks(self, ref: str | Checkpoint | None = None) -> list[Task]:
         """Task statuses: as of the running program's position, or of a checkpoint."""
         return await self._call(self.sync.tasks, ref)
+
+    async def remaining_tasks(self) -> list[Task]:
+        """Tasks not completed or skipped, in plan order: where a resumed run continues."""
+        return await self._call(self.sync.remaining_tasks)
 
     async def effects(self, since: str | Checkpoint | None = None) -> list[Effect]:
         """The side-effect ledger of the branch's journal (after checkpoint ``since``)."""
@@ -563,9 +708,56 @@ class AsyncSession:
         """Register what automatic checkpoints of a durable run record as state."""
         return self.sync.track(provider)
 
+    def resource(self, name: str) -> Callable[[F], F]:
+        """Decorator: a factory for a live resource (see :meth:`Session.resource`)."""
+        return self.sync.resource(name)
+
+    def get_resource(self, name: str) -> Any:
+        """The live resource, created once per process by its factory, on the caller's thread:
+        a factory may build loop-bound objects (async clients), so it is not moved off it."""
+        return self.sync.get_resource(name)
+
     async def close(self) -> None:
-        """Release the lease the session took (after every queued call has finished)."""
-        await self._call(self.sync.close)
+        """Release the lease the session took (after every queued call has finished).
+
+        Shielded: a close that is cancelled before its turn still runs, or the lease would be
+        renewed for nobody until the process exits.
+        """
+        await asyncio.shield(self._call(self.sync.close))
+
+    async def __aenter__(self) -> AsyncSession:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.close()
+
+
+class _Chunks:
+    """An artifact's chunks as an async iterator: each ``next`` in the session's queue."""
+
+    def __init__(self, session: AsyncSession, chunks: Iterator[bytes]) -> None:
+        self._session = session
+        self._chunks = chunks
+
+    def __aiter__(self) -> _Chunks:
+        return self
+
+    async def __anext__(self) -> bytes:
+        chunk = await self._session._call(next, self._chunks, None)
+        if chunk is None:
+            raise StopAsyncIteration
+        return chunk
+
+    async def aclose(self) -> None:
+        """Stop early: close the underlying reader (its files) in the queue."""
+        close = getattr(self._chunks, "close", None)
+        if close is not None:
+            await self._session._call(close)
 
 
 def _nothing() -> None:

@@ -1068,15 +1068,17 @@ class Durable:
         *,
         fresh: bool,
     ) -> RunResult:
-        self.begin(fresh=fresh)
+        # The start (journal reads, pending compensations) and the end (a checkpoint with a
+        # full workspace snapshot) block: off the loop, like every journal append.
+        await self._off(self.begin, fresh=fresh)
         try:
             value = await fn(*args, **kwargs)
         except RunPaused as p:
             return self._paused(p)
         except Exception as exc:
-            self._failed(exc)
+            await self._off(self._failed, exc)
             raise
-        return self._finish(value)
+        return await self._off(self._finish, value)
 
     def _paused(self, p: RunPaused) -> RunResult:
         status: Literal["awaiting_approval", "in_doubt"] = (
