@@ -166,3 +166,92 @@ def test_destination_that_does_not_verify_exits_2(sp: Any, tmp_path: Path) -> No
     rep = json.loads(res.out)
     assert rep["verified"] is False and rep["problems"]
     assert "does not verify" in res.err
+
+
+def test_printable_url_masks_every_password() -> None:
+    from stashpoint.copy import printable_url
+
+    assert printable_url("redis://:s3cret@cache:6379/0") == "redis://:***@cache:6379/0"
+    assert printable_url("postgresql://u:s3cret@h/db?x=1") == "postgresql://u:***@h/db?x=1"
+    assert (
+        printable_url("postgresql://h/db?password=s3cret&options=-c%3D1&sslPassword=s3cret")
+        == "postgresql://h/db?password=***&options=-c%3D1&sslPassword=***"
+    )
+    assert printable_url("redis://h/0?auth_token=s3cret&client_secret=s3cret&db=0") == (
+        "redis://h/0?auth_token=***&client_secret=***&db=0"
+    )
+    for plain in ("sqlite:///tmp/x?blobs=s3://b/p", "/tmp/a/.stashpoint", "redis://user@h/0"):
+        assert printable_url(plain) == plain
+
+
+def test_copy_output_and_errors_never_show_a_password(
+    sp: Any,
+    tmp_path: Path,
+    pg_url: str,  # noqa: F811
+) -> None:
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    (ws / "a.txt").write_text("hi\n")
+    sp("snap", "-m", "one", cwd=ws)
+    src = str(ws / ".stashpoint")
+    # The test server trusts local connections: the passwords are ignored, yet must not show.
+    in_userinfo = pg_url.replace("postgresql://postgres@", "postgresql://postgres:s3cret@")
+    assert "s3cret" in in_userinfo
+    in_query = f"{pg_url}&password=s3cret"
+    for url in (in_query, in_userinfo):
+        res = sp("copy", "--from", src, "--to", url, cwd=tmp_path)
+        assert "s3cret" not in res.out + res.err and "***" in res.out
+        rep = json.loads(sp("copy", "--from", src, "--to", url, "--json", cwd=tmp_path).out)
+        assert "s3cret" not in json.dumps(rep) and rep["verified"]
+        missing = sp(
+            "copy", "--from", url, "--to", str(tmp_path / "x"), "--session", "nope", check=False
+        )
+        assert missing.code == 1 and "no checkpoints" in missing.err
+        assert "s3cret" not in missing.out + missing.err
+
+
+def test_rerun_carries_label_changes(tmp_path: Path) -> None:
+    from stashpoint.copy import copy_sessions
+
+    with stashpoint.open(tmp_path / "a") as a, stashpoint.open(tmp_path / "b") as b:
+        run = a.session("s")
+        one = run.checkpoint({"x": 1}, files=False, label="v1")
+        two = run.checkpoint({"x": 2}, files=False, label="draft")
+        three = run.checkpoint({"x": 3}, files=False)
+        copy_sessions(a, b)
+        assert b.session("s").labels() == a.session("s").labels()
+        run.label(one.id, "release")  # changed
+        run.label(two.id, None)  # removed
+        run.label(three.id, "good")  # added to a record the destination already has
+        rep = copy_sessions(a, b)
+        assert rep.checkpoints == 0 and rep.present == 3 and rep.verified
+        assert b.session("s").labels() == {one.id: "release", three.id: "good"}
+        assert b.session("s").labels() == a.session("s").labels()
+
+
+def test_copy_into_a_leased_session_writes_nothing(tmp_path: Path) -> None:
+    from stashpoint.copy import copy_sessions
+    from stashpoint.errors import LeaseHeld
+
+    with stashpoint.open(tmp_path / "a") as a, stashpoint.open(tmp_path / "b") as b:
+        hi = {"role": "user", "content": "hi"}
+        cp = a.session("s").checkpoint({"messages": [hi]}, files=False)
+        copy_sessions(a, b)
+        a.session("s").checkpoint(
+            {"messages": [hi, {"role": "assistant", "content": "yo"}]}, files=False
+        )
+        a.session("s").label(cp.id, "start")
+        assert cp.state.conversation is not None
+        log = cp.state.conversation.log
+        before = (b.meta.log_info(log), b.meta.labels("s"), b.meta.list_checkpoints("s"))
+        lease = b.lease("s", ttl=60)  # another worker owns the session in the destination
+        try:
+            with pytest.raises(LeaseHeld):
+                copy_sessions(a, b)
+            assert (b.meta.log_info(log), b.meta.labels("s"), b.meta.list_checkpoints("s")) == (
+                before
+            )
+        finally:
+            lease.release()
+        copy_sessions(a, b)  # once released, the copy goes through
+        assert b.meta.log_info(log) == a.meta.log_info(log)

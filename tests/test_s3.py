@@ -33,7 +33,7 @@ from stashpoint.errors import UsageError
 from stashpoint.testing.conformance import BlobBackendConformance
 from stashpoint.verify import verify_store
 
-from .conftest import snapshot_tree
+from .conftest import STASHPOINT, snapshot_tree
 
 _ON_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
 _ENV = {  # SeaweedFS without identities configured accepts any credentials
@@ -397,3 +397,77 @@ def test_cli_copy_into_and_out_of_s3_blobs(
     logs = [json.loads(sp("--store", s, "log", "--json").out) for s in (src, mid, back)]
     assert logs[0] == logs[1] == logs[2]
     assert sp("--store", back, "verify").code == 0
+
+
+def test_bad_client_settings_are_clear_errors(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    pytest.importorskip("boto3")
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "x")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "x")
+    monkeypatch.setenv("STASHPOINT_S3_ENDPOINT", "127.0.0.1:1")  # no scheme: botocore refuses
+    with pytest.raises(UsageError, match=r"Invalid endpoint.*STASHPOINT_S3_ENDPOINT"):
+        stashpoint.open(tmp_path / "a", blobs="s3://bucket/p")
+    monkeypatch.setenv("STASHPOINT_S3_ENDPOINT", "http://127.0.0.1:1")
+    monkeypatch.setenv("AWS_PROFILE", "no-such-profile-sp")
+    with pytest.raises(UsageError, match=r"no-such-profile-sp.*AWS_PROFILE"):
+        stashpoint.open(tmp_path / "b", blobs="s3://bucket/p")
+
+
+def test_cli_bad_client_settings_have_no_traceback(tmp_path: Path) -> None:
+    pytest.importorskip("boto3")
+    (tmp_path / "a.txt").write_text("hi\n")
+    env = {**os.environ, "HOME": str(tmp_path), "AWS_ACCESS_KEY_ID": "x"}
+    env["AWS_SECRET_ACCESS_KEY"] = "x"
+    for extra in ({"STASHPOINT_S3_ENDPOINT": "127.0.0.1:1"}, {"AWS_PROFILE": "nope-sp"}):
+        url = f"sqlite://{tmp_path / 'store'}?blobs=s3://bucket/p"
+        res = subprocess.run(
+            [*STASHPOINT, "--store", url, "snap", "-m", "one"],
+            cwd=tmp_path,
+            env={**env, **extra},
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert res.returncode == 1 and "S3 client" in res.stderr, res.stderr
+        assert "Traceback" not in res.stderr
+
+
+def _counting_client(endpoint: str) -> tuple[Any, dict[str, int]]:
+    """A client that counts its GETs and the bytes they bring back (a botocore event hook)."""
+    import boto3
+
+    got = {"gets": 0, "bytes": 0}
+
+    def count(parsed: dict[str, Any], **_kw: Any) -> None:
+        got["gets"] += 1
+        got["bytes"] += int(parsed.get("ContentLength", 0))
+
+    client = boto3.client("s3", endpoint_url=endpoint)
+    client.meta.events.register("after-call.s3.GetObject", count)
+    return client, got
+
+
+def test_pack_too_big_to_cache_is_read_by_ranges(
+    s3_endpoint: str, s3_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from stashpoint.blobs import s3 as s3mod
+
+    parts = [bytes([i]) * 10_000 for i in range(10)]
+    client, got = _counting_client(s3_endpoint)
+    store = s3mod.S3BlobStore(s3_url, client=client)
+    spans = store.write_pack("0" * 26, parts)
+    # The cache keeps packs up to a quarter of its size: this 100 KB pack is too big for it.
+    monkeypatch.setattr(s3mod, "_PACK_CACHE_BYTES", 4 * 50_000)
+    for _round in range(2):
+        for (offset, length), part in zip(spans, parts, strict=True):
+            assert store.read_packed("0" * 26, offset, length) == part
+    # Each read a ranged GET of its own entry, never the whole pack again and again.
+    assert got == {"gets": 20, "bytes": 2 * sum(map(len, parts))}
+
+    monkeypatch.setattr(s3mod, "_PACK_CACHE_BYTES", 128 << 20)  # small enough: cached
+    client, got = _counting_client(s3_endpoint)
+    store = s3mod.S3BlobStore(s3_url, client=client)
+    for (offset, length), part in zip(spans, parts, strict=True):
+        assert store.read_packed("0" * 26, offset, length) == part
+    assert got["gets"] == 2  # one ranged GET, then the whole pack once

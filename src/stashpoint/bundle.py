@@ -67,6 +67,7 @@ from .stores.base import (
     GcEpochChanged,
     LogAppend,
     LogInfo,
+    lease_held,
 )
 from .workspace.tree import validate_name
 
@@ -1277,7 +1278,9 @@ def import_bundle(
 
     Writes go blobs -> logs -> records -> heads, so a crash leaves only unreferenced rows that
     a rerun skips or completes. Another writer moving a branch meanwhile, or a GC condemning
-    blobs after they were found present (the ``gc_epoch`` fence), is a ConflictError.
+    blobs after they were found present (the ``gc_epoch`` fence), is a ConflictError; a session
+    another worker holds a live lease on is refused (LeaseHeld) before the first write. Every
+    record the bundle carries ends with the bundle's label, or none (a re-run carries changes).
     """
     checked = bundle.checked
     if checked is None:
@@ -1340,7 +1343,12 @@ def import_bundle(
         if action in ("created", "fast-forward"):
             heads.append((branch, target, current))
     fresh = {row.id for row in new_rows}
-    labels = {report.ids[i]: label for i, label in m.labels.items() if report.ids[i] in fresh}
+    # Every record the bundle carries gets the bundle's label (or none), also one that was
+    # here already: a re-run then carries a label added, moved or removed since the last one.
+    # Records the bundle does not carry keep theirs.
+    here = meta.labels(session)
+    want = {report.ids[i]: label for i, label in m.labels.items()}
+    labels = {i: want.get(i) for i in report.ids.values() if here.get(i) != want.get(i)}
     digests = [*bundle.slots, *checked.list_sizes]
     epoch = meta.get_meta(GC_EPOCH_KEY) or "0"  # read before relying on which blobs exist
     # Only chunks live as files: asking the blob directory about small blobs costs a stat each.
@@ -1352,9 +1360,12 @@ def import_bundle(
     if dry_run:
         report.objects = len(digests) - len(have)
         return report
+    lease = meta.lease_info(session)
+    if lease is not None and lease.expires_in > 0:  # refuse before writing anything
+        raise lease_held(session, lease.owner, lease.expires_in)
     _write_objects(store, bundle, checked, have, report, progress)
-    for plan in logs:
-        meta.append_log(LogAppend(plan.log, plan.start, plan.rows, plan.new))
+    for plan in logs:  # session=: refused in the append's own transaction if leased meanwhile
+        meta.append_log(LogAppend(plan.log, plan.start, plan.rows, plan.new, session=session))
     try:
         for row in new_rows:
             meta.commit(Commit(row, None, move_head=False, gc_epoch=epoch))
@@ -1365,8 +1376,8 @@ def import_bundle(
         ) from None
     for branch, target, current in heads:
         meta.set_head(session, branch, target, current)
-    for ident, label in labels.items():
-        meta.set_label(ident, session, label)
+    for ident, label in sorted(labels.items(), key=lambda kv: kv[1] is not None):
+        meta.set_label(ident, session, label)  # removals first: a moved label is never twice
     # Marks after their records (a mark needs its record): a crash between leaves one unmarked.
     by_time: dict[str, list[str]] = {}
     for ident, when in m.pruned.items():

@@ -27,6 +27,7 @@ import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
+from urllib.parse import unquote_plus, urlsplit
 
 from ._fsutil import TMP_MARK
 from ._store import Problem, Store
@@ -77,12 +78,13 @@ def copy_sessions(
         raise ConflictError("source and destination are the same store")
     names = sessions if sessions is not None else source.sessions()
     names = [n for n in dict.fromkeys(names) if sessions is not None or _has_records(source, n)]
+    shown = printable_url(source.url)  # error messages end up in logs: never a password
     for name in names:
         if not _has_records(source, name):
-            raise NotFoundError(f"session {name!r} has no checkpoints in {source.url}")
+            raise NotFoundError(f"session {name!r} has no checkpoints in {shown}")
     if not names:
-        raise NotFoundError(f"{source.url} has no sessions with checkpoints to copy")
-    report = CopyReport(printable_url(source.url), printable_url(dest.url))
+        raise NotFoundError(f"{shown} has no sessions with checkpoints to copy")
+    report = CopyReport(shown, printable_url(dest.url))
     done = 0
     where = _temp_parent(source, dest)
     with tempfile.TemporaryDirectory(prefix=TMP_MARK, dir=where) as tmp:
@@ -147,9 +149,35 @@ def _temp_parent(source: Store, dest: Store) -> str | None:
     return None
 
 
+_SECRET_PARAM = re.compile(r"password|secret|token", re.IGNORECASE)
+_MASK = "***"
+
+
 def printable_url(url: str) -> str:
-    """A URL fit to print: no password."""
-    return re.sub(r"//([^:/@]+):[^@/]*@", r"//\1:***@", url)
+    """A URL fit to print: the password of its userinfo (also ``redis://:PW@``) and every
+    query parameter whose name says it is a secret (``?password=``, ``sslpassword``,
+    ``token`` ...) replaced by ``***``; everything else as given."""
+    try:
+        parts = urlsplit(url)
+    except ValueError:  # unparsable (a bad IPv6 host ...): mask what looks like userinfo
+        return re.sub(r"//([^/@]*):[^@/]*@", rf"//\1:{_MASK}@", url)
+    out = url
+    if "@" in parts.netloc:
+        userinfo, _, host = parts.netloc.rpartition("@")
+        if ":" in userinfo:
+            masked = f"{userinfo.split(':', 1)[0]}:{_MASK}@{host}"
+            out = out.replace(f"//{parts.netloc}", f"//{masked}", 1)
+    if parts.query:
+        pairs = []
+        for pair in parts.query.split("&"):  # by hand: the rest keeps its own encoding
+            name, eq, _value = pair.partition("=")
+            pairs.append(
+                f"{name}={_MASK}" if eq and _SECRET_PARAM.search(unquote_plus(name)) else pair
+            )
+        head, _, tail = out.partition("?")  # rebuilt in place: urlunsplit drops "sqlite://"
+        rest = tail[len(parts.query) :]  # a fragment, if any
+        out = f"{head}?{'&'.join(pairs)}{rest}"
+    return out
 
 
 def _has_records(store: Store, name: str) -> bool:

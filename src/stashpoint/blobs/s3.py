@@ -65,12 +65,29 @@ def _client() -> Any:
         from botocore.config import Config
     except ImportError:
         raise UsageError("S3 blobs need boto3: pip install 'stashpoint[s3]'") from None
+    from botocore.exceptions import BotoCoreError, ProfileNotFound
+
     endpoint = os.environ.get("STASHPOINT_S3_ENDPOINT") or os.environ.get("AWS_ENDPOINT_URL")
     region = os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION") or "us-east-1"
     config = Config(retries={"max_attempts": 5, "mode": "standard"}, max_pool_connections=16)
-    return boto3.session.Session().client(
-        "s3", endpoint_url=endpoint or None, region_name=region, config=config
-    )
+    # A bad endpoint, profile or region is configuration, not a crash: name it, no traceback.
+    try:
+        return boto3.session.Session().client(
+            "s3", endpoint_url=endpoint or None, region_name=region, config=config
+        )
+    except ValueError as exc:  # botocore: "Invalid endpoint: 127.0.0.1:1" (no scheme ...)
+        where = "STASHPOINT_S3_ENDPOINT / AWS_ENDPOINT_URL" if endpoint else "the AWS settings"
+        raise UsageError(f"cannot set up the S3 client: {exc}; check {where}") from None
+    except ProfileNotFound as exc:
+        raise UsageError(f"cannot set up the S3 client: {exc}; check AWS_PROFILE") from None
+    except BotoCoreError as exc:
+        raise StoreError(f"cannot set up the S3 client: {exc}") from exc
+
+
+def _total_size(content_range: object) -> int | None:
+    """The object size in a ranged GET's ``Content-Range: bytes 0-99/1234`` (None: unknown)."""
+    _span, _, total = str(content_range or "").rpartition("/")
+    return int(total) if total.isdigit() else None
 
 
 class S3BlobStore:
@@ -86,7 +103,9 @@ class S3BlobStore:
         self._lock = threading.Lock()
         self._packs: OrderedDict[str, bytes] = OrderedDict()  # whole packs, least recent first
         self._cached = 0
-        self._seen: set[str] = set()  # packs read once (a second read fetches the whole pack)
+        # Packs read once -> their object size, None while unknown: a second read fetches a
+        # pack whole only when it fits the cache, else every read of it would download it all.
+        self._sizes: dict[str, int | None] = {}
         from botocore.exceptions import BotoCoreError, ClientError
 
         self._errors: tuple[type[Exception], ...] = (BotoCoreError, ClientError)
@@ -231,7 +250,8 @@ class S3BlobStore:
     def read_packed(self, name: str, offset: int, length: int) -> bytes:
         """One entry of a pack. The first read of a pack is a ranged GET; a second one fetches
         the whole pack and keeps it (packs are immutable, entries are verified by digest), so
-        a restore or export of N packed files costs about two requests per pack, not N."""
+        a restore or export of N packed files costs about two requests per pack, not N. A pack
+        too big for the cache is never fetched whole again: its entries stay ranged GETs."""
         key = self._pack_key(name)
         if length == 0:
             return b""
@@ -239,8 +259,9 @@ class S3BlobStore:
             whole = self._packs.get(name)
             if whole is not None:
                 self._packs.move_to_end(name)
-            fetch = whole is None and name in self._seen
-            self._seen.add(name)
+            seen = name in self._sizes
+            size = self._sizes.get(name)
+            fetch = whole is None and seen and (size is None or self._cacheable(size))
         if whole is None and fetch:
             whole = self._fetch_pack(name, key)
         if whole is not None:
@@ -260,9 +281,16 @@ class S3BlobStore:
             if code == "InvalidRange":
                 raise IntegrityError(f"pack {name} is truncated") from None
             raise self._fail(f"GET {key}", exc) from exc
+        with self._lock:
+            if self._sizes.get(name) is None:
+                self._sizes[name] = _total_size(obj.get("ContentRange"))
         if len(data) != length:
             raise IntegrityError(f"pack {name} is truncated")
         return data
+
+    @staticmethod
+    def _cacheable(size: int) -> bool:
+        return size <= _PACK_CACHE_BYTES // 4
 
     def _fetch_pack(self, name: str, key: str) -> bytes | None:
         try:
@@ -271,9 +299,10 @@ class S3BlobStore:
             if self._missing(exc):
                 raise PackMissing(f"pack {name} is missing") from None
             raise self._fail(f"GET {key}", exc) from exc
-        if len(whole) > _PACK_CACHE_BYTES // 4:
-            return whole  # used for this read only
         with self._lock:
+            self._sizes[name] = len(whole)  # too big: the next reads of it are ranged
+            if not self._cacheable(len(whole)):
+                return whole  # used for this read only
             self._packs[name] = whole
             self._cached += len(whole)
             while self._cached > _PACK_CACHE_BYTES:
@@ -295,5 +324,5 @@ class S3BlobStore:
         with self._lock:
             dropped = self._packs.pop(name, None)
             self._cached -= len(dropped) if dropped is not None else 0
-            self._seen.discard(name)
+            self._sizes.pop(name, None)
         return self._delete(self._pack_key(name))
