@@ -470,11 +470,17 @@ class SqlStore(MetadataStore):
         for r in self._q(f"SELECT {_CP_COLUMNS} FROM {{t}}checkpoints ORDER BY id"):
             yield _checkpoint_row(r)
 
+    bytewise_keys = False
+    """Whether text keys sort by code point (SQLite's BINARY collation): then a prefix is a
+    range of the primary key, read through its index. PostgreSQL's collation may not be."""
+
     def iter_meta(self, prefix: str) -> Iterator[tuple[str, str]]:
-        rows = self._q(
-            "SELECT key, value FROM {t}meta WHERE substr(key, 1, ?) = ? ORDER BY key",
-            (len(prefix), prefix),
-        )
+        where = "substr(key, 1, ?) = ?"
+        args: list[Any] = [len(prefix), prefix]
+        if self.bytewise_keys and prefix:  # an index range, not a scan of every key
+            where = "key >= ? AND key < ? AND " + where
+            args = [prefix, prefix + "\U0010ffff", *args]
+        rows = self._q(f"SELECT key, value FROM {{t}}meta WHERE {where} ORDER BY key", args)
         for k, v in rows:
             yield str(k), str(v)
 

@@ -45,6 +45,7 @@ MIGRATIONS: list[str] = [  # index = version - 1
 
 class SqliteStore(SqlStore):
     defers_commits = True
+    bytewise_keys = True
 
     def __init__(self, path: str | Path, *, synchronous: str = "FULL") -> None:
         self.path = Path(path)

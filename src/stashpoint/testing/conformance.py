@@ -256,7 +256,15 @@ class MetadataStoreConformance:
         ms.set_meta("run:s:main", "1")
         ms.set_meta("run:s:b", "2")
         ms.set_meta("rux", "3")
-        assert dict(ms.iter_meta("run:")) == {"run:s:main": "1", "run:s:b": "2"}
+        ms.set_meta("run;", "4")  # the next character after ":"
+        ms.set_meta("run:\U0001f600", "5")  # past the Basic Multilingual Plane
+        ms.set_meta("ru", "6")
+        assert dict(ms.iter_meta("run:")) == {
+            "run:s:main": "1",
+            "run:s:b": "2",
+            "run:\U0001f600": "5",
+        }
+        assert len(dict(ms.iter_meta(""))) >= 6
 
     def test_blob_info_and_log_sizes(self, ms: MetadataStore) -> None:
         a = _blob(b"a" * 100)
