@@ -621,7 +621,7 @@ def run(cfg: Config) -> dict[str, Any]:
 
 @contextmanager
 def lone_worker(
-    tag: str, per: int, *, query: str = "", files: bool = True
+    tag: str, per: int, *, query: str = "", files: bool = True, watch: bool = False
 ) -> Iterator[tuple[Any, Callable[[int], dict[str, Any]]]]:
     """One worker's session on a fresh schema (``query`` appended to its URL), warmed up by
     one checkpoint, and ``prepare(i)``: rewrite one file, return the state of step ``i``."""
@@ -635,7 +635,7 @@ def lone_worker(
             written = _make_workspace(ws, 0)
             msgs = _messages(per + 1, 0)
             with stashpoint.open(url + query) as store:  # the URL has a query already
-                run = store.session("w0", workspace=ws if files else None)
+                run = store.session("w0", workspace=ws if files else None, watch=watch)
                 run.checkpoint({"messages": msgs[:1], "counter": 0})
 
                 def prepare(i: int) -> dict[str, Any]:

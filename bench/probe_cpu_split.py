@@ -58,8 +58,10 @@ def _measure(n: int, step: Callable[[int], Any]) -> tuple[float, float, float]:
     return wall / n * 1e3, cpu / n * 1e3, (_backend_cpu(pids) - s0) / n * 1e3
 
 
-def stashpoint_variant(n: int, query: str, files: bool) -> tuple[float, float, float]:
-    with lone_worker("cpu", n, query=query, files=files) as (run, prepare):
+def stashpoint_variant(
+    n: int, query: str, files: bool, watch: bool = False
+) -> tuple[float, float, float]:
+    with lone_worker("cpu", n, query=query, files=files, watch=watch) as (run, prepare):
         return _measure(n, lambda i: run.checkpoint(prepare(i)))
 
 
@@ -86,6 +88,7 @@ def main() -> None:
     variants: dict[str, Callable[[], tuple[float, float, float]]] = {
         "default": lambda: stashpoint_variant(n, "", True),
         "unprepared": lambda: stashpoint_variant(n, "&prepare=false", True),
+        "watch": lambda: stashpoint_variant(n, "", True, watch=True),
         "no-files": lambda: stashpoint_variant(n, "", False),
         "langgraph": lambda: langgraph_variant(n),
     }

@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import os
 import shutil
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -157,6 +158,31 @@ def test_a_racy_file_is_re_read_but_not_stored_again(
     (ws / "notes.txt").write_text("edited again\n")  # same size or not, a change is stored
     result, pending = run.workspace.scan()
     assert result.read_files == 1 and len(pending) >= 2  # the new content and its tree
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux's file clock")
+def test_a_file_stamped_before_the_kernels_current_tick_is_trusted(
+    tmp_path: Path, store: stashpoint.Store
+) -> None:
+    """On Linux the racy window is the kernel's own file clock: a file stamped before its
+    current tick cannot be rewritten with the same stamp, so after one read it comes from the
+    stat cache, even 2 ms after the write (a fixed 20 ms window re-read it, and every file an
+    agent checkpointing every few ms rewrote). One stamped within the tick is read again."""
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    old, new = ws / "old.txt", ws / "new.txt"
+    old.write_text("old\n")
+    new.write_text("new\n")
+    coarse = time.clock_gettime_ns(5)  # CLOCK_REALTIME_COARSE
+    stamp = coarse - 2_000_000  # 2 ms before the current tick began
+    stamp += 1 if stamp % 10**9 == 0 else 0  # a nanosecond mtime, not a whole second
+    os.utime(old, ns=(stamp, stamp))
+    os.utime(new, ns=(time.time_ns() + 1_000, time.time_ns() + 1_000))
+    run = store.session("s", workspace=ws)
+    run.checkpoint()
+    assert run.workspace is not None
+    result, _ = run.workspace.scan()
+    assert result.read_files == 1  # new.txt only
 
 
 def test_a_large_file_stays_racy_while_one_write_could_still_be_copying_it(

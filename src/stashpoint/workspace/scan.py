@@ -14,7 +14,6 @@ import hashlib
 import operator
 import os
 import stat
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -90,7 +89,7 @@ class Scanner:
         """Reads stored trees (watch mode) and remembers the trees this scan encodes."""
         self.exclude = exclude
         self.progress = progress
-        self._racy = racy_after(time.time_ns())
+        self._racy = racy_after()
         self._racy_after = self._racy[0]  # the hot loop's test; whole seconds: see is_racy
         self._result = ScanResult(b"")
 

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import atexit
 import os
+import sys
 import threading
 import time
 from pathlib import Path
@@ -46,32 +47,48 @@ __all__ = [
 ]
 
 
-def _coarse_tick_ns() -> int:
-    """The resolution of the clock the kernel stamps files with (Linux: CLOCK_REALTIME_COARSE,
-    one scheduler tick); elsewhere assume a coarse 10 ms."""
-    clock = getattr(time, "CLOCK_REALTIME_COARSE", None)
-    if clock is None:
-        return 10_000_000
+_FILE_CLOCK: int | None = getattr(
+    time, "CLOCK_REALTIME_COARSE", 5 if sys.platform.startswith("linux") else None
+)
+"""The clock the kernel stamps file times with: Linux's CLOCK_REALTIME_COARSE (id 5, which
+Python's ``time`` does not name), the time of the last scheduler tick. None elsewhere."""
+
+
+def _file_clock_ns() -> int | None:
+    if _FILE_CLOCK is None:
+        return None
     try:
-        return int(time.clock_getres(clock) * 1e9)
+        return time.clock_gettime_ns(_FILE_CLOCK)
     except OSError:
-        return 10_000_000
+        return None
 
 
-RACY_WINDOW_NS = max(10_000_000, 2 * _coarse_tick_ns())
-"""A file modified this recently is racy (2 ticks: a time read now can be up to a tick ahead
-of the time the kernel stamped a write made now). Was 50 ms: every file of an agent that
-checkpoints more often than that was re-read at every snapshot."""
+RACY_WINDOW_NS = 20_000_000
+"""Where the file clock cannot be read: a file modified this recently is racy (two 10 ms ticks:
+a time read now can be up to a tick ahead of the stamp of a write made now). Was 50 ms: every
+file of an agent that checkpoints more often than that was re-read at every snapshot."""
 WHOLE_SECOND_RACY_WINDOW_NS = 3_000_000_000
 """The window for an mtime with no sub-second part (a 1 s or 2 s filesystem, or a chance of
 one in a billion on a nanosecond one)."""
 _SECOND = 1_000_000_000
 
 
-def racy_after(now_ns: int) -> tuple[int, int]:
+def racy_after() -> tuple[int, int]:
     """(mtime from which a file is racy, the same for a whole-second mtime) for a scan that
-    starts at ``now_ns``; see :func:`is_racy`."""
-    return now_ns - RACY_WINDOW_NS, now_ns - WHOLE_SECOND_RACY_WINDOW_NS
+    starts now; see :func:`is_racy`.
+
+    On Linux "now" is the kernel's file clock itself: a write from now on is stamped at least
+    this value (a multigrain fine-grained stamp only later), so a file stamped earlier is
+    racy only while one write could still be copying it. The 20 ms this replaced (a 10 ms
+    guess at the tick, Python has no name for the coarse clock) kept every file an agent
+    rewrote within 20 ms racy: 8 agents checkpointing every 3 ms re-read all 4 of their
+    files at every snapshot, where 1-2 changed."""
+    now = _file_clock_ns()
+    wall = time.time_ns()
+    return (
+        wall - RACY_WINDOW_NS if now is None else now,
+        wall - WHOLE_SECOND_RACY_WINDOW_NS,
+    )
 
 
 COPY_NS_PER_BYTE = 10
