@@ -255,3 +255,38 @@ def test_copy_into_a_leased_session_writes_nothing(tmp_path: Path) -> None:
             lease.release()
         copy_sessions(a, b)  # once released, the copy goes through
         assert b.meta.log_info(log) == a.meta.log_info(log)
+
+
+def test_stores_sealed_under_different_keys_are_refused_before_any_write(
+    tmp_path: Path,
+) -> None:
+    """A keyed chain verifies only under its own key: copying between a plain and an
+    encrypted store (or two keys) is refused up front, naming the way that works (export,
+    then import as a new session, sealed again), and the destination stays empty."""
+    import secrets
+
+    from stashpoint.bundle import export_bundle, import_bundle, read_bundle
+    from stashpoint.copy import copy_sessions
+    from stashpoint.errors import UsageError
+
+    with stashpoint.open(tmp_path / "plain") as plain:
+        run = plain.session("agent")
+        run.checkpoint({"x": 1})
+        last = run.checkpoint({"x": 2})
+        for dest in (
+            stashpoint.open(tmp_path / "enc", encryption_key=secrets.token_bytes(32)),
+            stashpoint.open(tmp_path / "other-key", key=b"k" * 32),
+        ):
+            with dest:
+                with pytest.raises(UsageError, match="import it there as a new one"):
+                    copy_sessions(plain, dest)
+                assert dest.sessions() == []
+        export_bundle(plain, tmp_path / "agent.spb", session="agent")
+    key = b"k" * 32
+    with stashpoint.open(tmp_path / "other-key", key=key) as dest:
+        with read_bundle(tmp_path / "agent.spb") as bundle:
+            import_bundle(dest, bundle, as_session="agent-keyed")
+        copied = dest.session("agent-keyed")
+        history = copied.history()  # verified under the new key
+        assert [copied.state(cp)["x"] for cp in history] == [2, 1]
+        assert history[0].meta["stashpoint_import"]["id"] == last.id

@@ -32,7 +32,7 @@ from urllib.parse import unquote_plus, urlsplit
 from ._fsutil import TMP_MARK
 from ._store import Problem, Store
 from .bundle import Clash, export_bundle, import_bundle, read_bundle
-from .errors import ConflictError, IntegrityError, NotFoundError, StoreError
+from .errors import ConflictError, IntegrityError, NotFoundError, StoreError, UsageError
 from .session import StashpointWarning
 
 __all__ = ["CopyReport", "copy_sessions"]
@@ -76,6 +76,18 @@ def copy_sessions(
     ``dest``, then verify them there; see the module docstring for the rules."""
     if source.id == dest.id:
         raise ConflictError("source and destination are the same store")
+    if not source.hasher.same_key(dest.hasher):
+        # A keyed chain verifies only under its own key: the copy would be refused as forged
+        # after the export, in words about a bundle the user never asked for.
+        have, want = ("an HMAC key" if h.keyed else "no key" for h in (source.hasher, dest.hasher))
+        raise UsageError(
+            f"{printable_url(source.url)} seals its hash chain with {have} and "
+            f"{printable_url(dest.url)} with {want if want != have else 'another key'}: "
+            "its checkpoints would not verify there. To seal them again under the "
+            "destination's key (as new checkpoints with new ids), export the session and "
+            "import it there as a new one: stashpoint export S -o s.spb; "
+            "stashpoint --store DEST import s.spb --as NEW"
+        )
     names = sessions if sessions is not None else source.sessions()
     names = [n for n in dict.fromkeys(names) if sessions is not None or _has_records(source, n)]
     shown = printable_url(source.url)  # error messages end up in logs: never a password

@@ -75,6 +75,13 @@ class ChainHasher:
     def keyed(self) -> bool:
         return self._key is not None
 
+    def same_key(self, other: ChainHasher) -> bool:
+        """Whether ``other`` seals records as this one does (both unkeyed, or the same key):
+        only then does a record sealed by one verify under the other."""
+        if self._key is None or other._key is None:
+            return self._key is other._key
+        return hmac.compare_digest(self._key, other._key)
+
     def digest(self, body: bytes) -> str:
         if self._key is not None:
             return hmac.new(self._key, _DOMAIN + body, hashlib.sha256).hexdigest()
