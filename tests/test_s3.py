@@ -310,6 +310,36 @@ def test_two_stores_cannot_share_a_prefix(tmp_path: Path, s3_url: str) -> None:
         assert a.session("s").state() == {"v": 1}
 
 
+def test_two_stores_claiming_one_prefix_at_once_cannot_both_win(
+    s3_client: Any, s3_url: str
+) -> None:
+    """Two stores created on one prefix at the same moment: both look, both find no owner
+    mark, both write one. The mark is written only if absent, so the second is refused
+    instead of taking the prefix over (then each GC would delete the other's blobs)."""
+    from stashpoint.blobs.s3 import S3BlobStore
+
+    class LateLook:
+        """The real client, whose first GET of the mark ran before the other store's PUT."""
+
+        def __init__(self, real: Any) -> None:
+            self.real, self.looked = real, False
+
+        def get_object(self, **kw: Any) -> Any:
+            if not self.looked:
+                self.looked = True
+                return self.real.get_object(Bucket=kw["Bucket"], Key=kw["Key"] + "-absent")
+            return self.real.get_object(**kw)
+
+        def __getattr__(self, name: str) -> Any:
+            return getattr(self.real, name)
+
+    S3BlobStore(s3_url, client=s3_client).claim("store-a")
+    late = S3BlobStore(s3_url, client=LateLook(s3_client))
+    with pytest.raises(UsageError, match=r"another store \(store-a\)"):
+        late.claim("store-b")
+    S3BlobStore(s3_url, client=s3_client).claim("store-a")  # still store-a's
+
+
 def test_redis_with_s3_blobs_is_refused(tmp_path: Path) -> None:
     with pytest.raises(UsageError, match="Redis"):
         stashpoint.open("redis://127.0.0.1:6379/0?blobs=s3://bucket/x")

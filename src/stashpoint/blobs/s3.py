@@ -90,6 +90,10 @@ def _total_size(content_range: object) -> int | None:
     return int(total) if total.isdigit() else None
 
 
+class _PreconditionFailed(Exception):
+    """A conditional write found the object there already."""
+
+
 class S3BlobStore:
     """The blob-backend interface of :class:`~stashpoint.blobs.local.LocalBlobStore`, on S3."""
 
@@ -132,11 +136,23 @@ class S3BlobStore:
     def _fail(self, what: str, exc: Exception) -> StoreError:
         return StoreError(f"S3 {what} in s3://{self.bucket}/{self.prefix} failed: {exc}")
 
-    def _put(self, key: str, body: bytes) -> None:
+    def _put(self, key: str, body: bytes, *, if_absent: bool = False) -> None:
+        """Write an object; ``if_absent``: only if there is none (else _PreconditionFailed;
+        a server that does not know the condition gets the plain write)."""
         checksum = base64.b64encode(hashlib.sha256(body).digest()).decode()
+        args: dict[str, Any] = {"Bucket": self.bucket, "Key": key, "Body": body}
+        args["ChecksumSHA256"] = checksum
+        if if_absent:
+            args["IfNoneMatch"] = "*"
         try:
-            self._s3.put_object(Bucket=self.bucket, Key=key, Body=body, ChecksumSHA256=checksum)
+            self._s3.put_object(**args)
         except self._errors as exc:
+            code = str(getattr(exc, "response", {}).get("Error", {}).get("Code", ""))
+            if if_absent and code in ("PreconditionFailed", "412", "ConditionalRequestConflict"):
+                raise _PreconditionFailed(key) from exc
+            if if_absent and code in ("NotImplemented", "501"):
+                self._put(key, body)
+                return
             raise self._fail(f"PUT {key}", exc) from exc
 
     def _head_size(self, key: str) -> int | None:
@@ -170,20 +186,32 @@ class S3BlobStore:
     def claim(self, store_id: str) -> None:
         """Mark the prefix as this store's, or refuse one another store uses: a GC lists every
         object under the prefix and deletes those *its* records do not reference, so two
-        stores sharing a prefix would delete each other's blobs."""
+        stores sharing a prefix would delete each other's blobs.
+
+        The mark is written only if absent (``If-None-Match: *``, which AWS S3, MinIO and
+        SeaweedFS honour): two stores created on one prefix at once cannot both claim it. A
+        server that refuses the condition gets a plain write, as before it existed."""
         key = f"{self.prefix}stashpoint-store"
-        try:
-            owner = self._s3.get_object(Bucket=self.bucket, Key=key)["Body"].read().decode()
-        except self._errors as exc:
-            if not self._missing(exc):
-                raise self._fail(f"GET {key}", exc) from exc
-            self._put(key, store_id.encode())
+        owner = self._owner(key)
+        if owner is None:
             owner = store_id
+            try:
+                self._put(key, store_id.encode(), if_absent=True)
+            except _PreconditionFailed:
+                owner = self._owner(key) or ""  # another store's mark got there first
         if owner.strip() != store_id:
             raise UsageError(
                 f"s3://{self.bucket}/{self.prefix} holds the blobs of another store "
                 f"({owner.strip()[:40]}); give each store its own prefix"
             )
+
+    def _owner(self, key: str) -> str | None:
+        try:
+            return str(self._s3.get_object(Bucket=self.bucket, Key=key)["Body"].read().decode())
+        except self._errors as exc:
+            if self._missing(exc):
+                return None
+            raise self._fail(f"GET {key}", exc) from exc
 
     # -- the backend interface --------------------------------------------------------------
     @contextmanager
