@@ -732,3 +732,23 @@ def test_the_commands_an_agent_hook_runs_import_only_what_they_use(tmp_path: Pat
     assert proc.returncode == 0, proc.stderr
     assert "ASYNCIO False" in proc.stdout, proc.stdout
     assert "HEAVY []" in proc.stdout, proc.stdout
+
+
+def test_the_url_a_store_reports_opens_the_same_store(sp: Sp, tmp_path: Path) -> None:
+    """``sqlite:///…/.stashpoint/store.db`` (the URL a store reports, and `stashpoint ui`
+    prints) is the store of that directory: the same blob directory and the same locks. It
+    used to open a second, empty blob directory beside it: verify failed on a healthy store
+    and a GC run that way saw no other process and freed blobs a writer was about to use."""
+    ws = tmp_path / "ws"
+    write(ws / "big.bin", os.urandom(3_000_000))  # a file too big to store inline
+    snap(sp, ws, "one")
+    with stashpoint.open(ws / ".stashpoint") as store:
+        url = store.url
+    assert url.endswith("/.stashpoint/store.db")
+    with stashpoint.open(url) as again:
+        assert again.home == (ws / ".stashpoint").resolve()
+    assert sp("--store", url, "verify", cwd=ws).code == 0
+    assert not (ws / ".stashpoint" / "store.db.d").exists()
+    with stashpoint.open(ws / ".stashpoint"):  # open by its directory: GC is not alone
+        report = cli_json(sp, ws, "--store", url, "gc")
+    assert report["exclusive"] is False

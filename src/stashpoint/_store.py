@@ -403,7 +403,12 @@ def open_store(
     path = Path(text).expanduser()
     from .stores.sqlite import SqliteStore
 
-    if path.suffix in (".db", ".sqlite", ".sqlite3"):
+    if path.name == _DB_NAME and not (path.parent / (_DB_NAME + ".d")).exists():
+        # The database of a store directory, named by the URL the store reports: the same
+        # store, so the same blob directory and locks (a GC opened this way once saw another
+        # blob directory, thought itself alone, and freed blobs a writer was about to use).
+        db, home = path, path.parent
+    elif path.suffix in (".db", ".sqlite", ".sqlite3"):
         db, home = path, path.parent / (path.name + ".d")
     else:
         db, home = path / _DB_NAME, path
