@@ -136,6 +136,28 @@ def test_upkeep_that_fails_on_close_logs_a_warning_and_never_raises(
     assert f"stashpoint upkeep of {store.url} failed; retried later" in caplog.text
 
 
+def test_upkeep_whose_gc_fails_is_retried_at_the_next_close(tmp_path: Path) -> None:
+    """Upkeep that could not collect (another GC holds the store) stays due: the next close
+    runs it, instead of the space staying unfreed for a whole period."""
+    import fcntl
+
+    store = stashpoint.open(tmp_path / "s")
+    run = store.session("s")
+    for i in range(3):
+        run.checkpoint({"i": i})
+    store.meta.set_meta(upkeep.LAST_META, repr(time.time() - 2 * 86400))  # due
+    fd = os.open(tmp_path / "s" / "blobs" / "gc.run", os.O_RDWR | os.O_CREAT)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)  # a `stashpoint gc` of another process, running
+        assert upkeep.run_if_due(store) is None  # failed, logged
+    finally:
+        os.close(fd)
+    assert upkeep.due(store)
+    assert upkeep.run_if_due(store) is not None
+    assert not upkeep.due(store)
+    store.close()
+
+
 def test_upkeep_leaves_a_leased_session_to_its_holder(tmp_path: Path) -> None:
     """Automatic upkeep prunes every session but one another worker holds a lease on (that
     one's turn comes at the next upkeep); it does not fail on it."""

@@ -25,7 +25,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from .errors import LeaseHeld, UsageError
+from .errors import LeaseHeld, StashpointError, UsageError
 from .retention import DEFAULT_POLICY, Policy, apply, parse_duration, plan_session
 
 if TYPE_CHECKING:
@@ -220,27 +220,37 @@ def run(store: Store, upkeep: Upkeep | None = None, *, dry_run: bool = False) ->
     _prune_all(store, upkeep.policy, dry_run, report)
     if dry_run:
         return report
+    # Rescheduled before the slow part, so that stores closing meanwhile do not start it
+    # again; put back if it fails, so that the next close retries instead of a period later.
+    previous = store.meta.get_meta(LAST_META)
     store.meta.set_meta(LAST_META, repr(time.time()))
-    gc = collect(store)
-    _account(report, gc)
-    if upkeep.max_bytes is not None:
-        for policy in tightened(upkeep.policy):
-            if report.kept_bytes <= upkeep.max_bytes:
-                break
-            report.rounds += 1
-            if _prune_all(store, policy, False, report):
-                gc = collect(store)
-                _account(report, gc)
-        report.over_budget = report.kept_bytes > upkeep.max_bytes
-        if report.over_budget:
-            _log().warning(
-                "stashpoint store %s: kept checkpoints reference %s, over its %s budget, with "
-                "only branch heads, labelled checkpoints and milestones left; raise the budget "
-                "(stashpoint prune --save --max-size SIZE) or remove labels",
-                store.url,
-                format_size(report.kept_bytes),
-                format_size(upkeep.max_bytes),
-            )
+    try:
+        gc = collect(store)
+        _account(report, gc)
+        if upkeep.max_bytes is not None:
+            for policy in tightened(upkeep.policy):
+                if report.kept_bytes <= upkeep.max_bytes:
+                    break
+                report.rounds += 1
+                if _prune_all(store, policy, False, report):
+                    gc = collect(store)
+                    _account(report, gc)
+            report.over_budget = report.kept_bytes > upkeep.max_bytes
+            if report.over_budget:
+                _log().warning(
+                    "stashpoint store %s: kept checkpoints reference %s, over its %s budget, with "
+                    "only branch heads, labelled checkpoints and milestones left; raise the budget "
+                    "(stashpoint prune --save --max-size SIZE) or remove labels",
+                    store.url,
+                    format_size(report.kept_bytes),
+                    format_size(upkeep.max_bytes),
+                )
+    except BaseException:
+        try:
+            store.meta.set_meta(LAST_META, previous)
+        except StashpointError:
+            pass  # a store that failed under us: it stays rescheduled
+        raise
     return report
 
 
