@@ -147,6 +147,39 @@ def test_get_changes_nothing_and_posts_need_csrf_and_same_origin(world: Any) -> 
     assert head is not None and store.session("main").state(head)["step"] == 0
 
 
+def test_non_ascii_credentials_are_refused_not_a_server_error(world: Any) -> None:
+    store, root, ids = world
+    c = _client(store, root)
+    assert c.get("/?token=%C3%A9").status_code == 401
+    bearer = {"Authorization": "Bearer \u00e9t\u00e9-token-of-sixteen".encode()}
+    assert c.get("/", headers=bearer).status_code == 401  # type: ignore[arg-type]
+    cookie = {"Cookie": "stashpoint_ui=\u00e9\u00e9".encode()}
+    assert c.get("/", headers=cookie).status_code == 401  # type: ignore[arg-type]
+    c.get(f"/?token={TOKEN}")
+    form = {"ref": ids[0], "mode": "both", "csrf": "\u00e9" * 64}
+    assert c.post("/s/main/rewind", data=form, headers={"Origin": BASE}).status_code == 403
+
+
+def test_files_of_another_directory_are_not_restored_over_this_one(
+    world: Any, tmp_path: Path
+) -> None:
+    """A checkpoint taken in another directory (here an A/B fork's) restores its state from
+    the UI, never its files over the UI's workspace: one click would delete files here."""
+    store, root, _ids = world
+    c = _client(store, root)
+    c.get(f"/?token={TOKEN}")
+    on_b = next(cp for cp in store.session("main").history() if cp.message == "on b")
+    csrf = _csrf(c.get(f"/s/main/c/{on_b.id}").text)
+    before = (root / "notes.txt").read_text()
+    form = {"ref": on_b.id, "mode": "both", "csrf": csrf}
+    refused = c.post("/s/main/rewind", data=form, headers={"Origin": BASE})
+    assert refused.status_code == 400 and str(tmp_path / "b") in refused.text
+    assert (root / "notes.txt").read_text() == before
+    state_only = c.post("/s/main/rewind", data={**form, "mode": "state"}, headers={"Origin": BASE})
+    assert state_only.status_code == 303
+    assert (root / "notes.txt").read_text() == before
+
+
 def test_fork_approve_and_reject_from_the_ui(world: Any, tmp_path: Path) -> None:
     store, root, ids = world
     c = _client(store, root)

@@ -97,6 +97,12 @@ class _Forbidden(Exception):
         self.status = status
 
 
+def _same(given: str, secret: str) -> bool:
+    """A constant-time comparison that also takes what no ASCII secret equals (a non-ASCII
+    token or field made ``hmac.compare_digest`` raise: a 500 before any authentication)."""
+    return hmac.compare_digest(given.encode("utf-8", "surrogateescape"), secret.encode())
+
+
 def create_app(
     store: Store,
     *,
@@ -139,9 +145,9 @@ def create_app(
         if auth.lower().startswith("bearer "):
             given = auth[7:].strip()
         fresh = request.query_params.get("token")
-        if fresh is not None and hmac.compare_digest(fresh, token):
+        if fresh is not None and _same(fresh, token):
             return True
-        if not given or not hmac.compare_digest(given, token):
+        if not given or not _same(given, token):
             raise _Forbidden(401, "token required: open the URL `stashpoint ui` printed")
         return False
 
@@ -151,7 +157,7 @@ def create_app(
             raise _Forbidden(403, "cross-origin request refused")
         form = await request.form()
         fields = {k: str(v) for k, v in form.items() if isinstance(v, str)}
-        if not hmac.compare_digest(fields.get("csrf", ""), csrf):
+        if not _same(fields.get("csrf", ""), csrf):
             raise _Forbidden(403, "missing or wrong CSRF field")
         return fields
 
@@ -293,7 +299,20 @@ def create_app(
         s = session(name)
         if mode != "state" and s.workspace is None:
             raise UsageError("no workspace is bound to this UI: only state can be rewound")
-        result = s.rewind(f.get("ref", ""), files=mode != "state", state=mode != "files")
+        ref = f.get("ref", "")
+        snapped = s.get(ref).workspace
+        if (
+            mode != "state"
+            and snapped is not None
+            and root is not None
+            and Path(snapped.root).resolve() != root.resolve()
+        ):  # one click must not pour another directory's files over this one
+            raise UsageError(
+                f"this checkpoint's files are of {snapped.root}, not of this UI's "
+                f"workspace {root}: restore its state only here, or run stashpoint "
+                "rewind in that directory"
+            )
+        result = s.rewind(ref, files=mode != "state", state=mode != "files")
         done = urlencode({"rewound": result.safety.id})
         return RedirectResponse(f"{_cp_url(name, result.head.id)}?{done}", status_code=303)
 
