@@ -326,6 +326,66 @@ def test_rewind_refuses_to_put_a_file_where_ignored_files_live(sp: Sp, tmp_path:
     assert (ws / "debug.log").read_text() == "ignored\n"
 
 
+def test_rewind_never_overwrites_a_file_that_is_ignored_now(sp: Sp, tmp_path: Path) -> None:
+    """A file tracked in an old checkpoint and ignored now (its only copy is on disk): the
+    rewind is refused before anything changes, so no later scan (which no longer knows the
+    file is ignored once .gitignore is restored) can count it as the workspace's and delete it;
+    moved away, the same rewind works."""
+    ws = tmp_path / "ws"
+    write(ws / "secret.env", "API_KEY=placeholder\n")
+    write(ws / "main.py", "code\n")
+    a = snap(sp, ws, "tracked by mistake")
+    write(ws / ".gitignore", "secret.env\n")
+    write(ws / "secret.env", "API_KEY=the-only-copy\n")
+    snap(sp, ws, "now ignored")
+    res = fails(sp, ws, "rewind", a["id"], code=1)
+    assert "secret.env exists but is not in the snapshot" in res.err
+    assert (ws / "secret.env").read_text() == "API_KEY=the-only-copy\n"
+    assert (ws / ".gitignore").read_text() == "secret.env\n"  # nothing changed at all
+    cli_json(sp, ws, "log")  # no half-done restore for the next command to complete
+    assert (ws / "secret.env").read_text() == "API_KEY=the-only-copy\n"
+    (ws / "secret.env").rename(tmp_path / "secret.env")
+    cli_json(sp, ws, "rewind", a["id"])
+    assert (ws / "secret.env").read_text() == "API_KEY=placeholder\n"
+
+
+def test_rewind_never_replaces_an_ignored_file_with_a_directory(sp: Sp, tmp_path: Path) -> None:
+    ws = tmp_path / "ws"
+    write(ws / "out/result.txt", "x\n")
+    write(ws / "main.py", "code\n")
+    a = snap(sp, ws, "out is a directory")
+    (ws / "out/result.txt").unlink()
+    (ws / "out").rmdir()
+    write(ws / ".gitignore", "out\n")
+    write(ws / "out", "an ignored local file\n")
+    write(ws / "main.py", "code 2\n")
+    snap(sp, ws, "out is an ignored file")
+    res = fails(sp, ws, "rewind", a["id"], code=1)
+    assert "out exists but is not in the snapshot" in res.err
+    assert (ws / "out").read_text() == "an ignored local file\n"
+    assert (ws / "main.py").read_text() == "code 2\n"  # refused before anything changed
+    cli_json(sp, ws, "log")
+    assert (ws / "out").read_text() == "an ignored local file\n"
+
+
+def test_a_database_store_inside_the_workspace_is_never_snapshotted(
+    sp: Sp, tmp_path: Path
+) -> None:
+    """``--store agent.db`` in the workspace: the database and its side files are the store's,
+    not the workspace's. They were snapshotted, and a rewind put an old copy over the live
+    database: every checkpoint gone, the rewind's own safety checkpoint included."""
+    ws = tmp_path / "ws"
+    write(ws / "a.txt", "one\n")
+    first = cli_json(sp, ws, "--store", "agent.db", "snap", "-m", "one")
+    write(ws / "a.txt", "two\n")
+    cli_json(sp, ws, "--store", "agent.db", "snap", "-m", "two")
+    assert cli_json(sp, ws, "--store", "agent.db", "show", "HEAD")["workspace"]["files"] == 1
+    cli_json(sp, ws, "--store", "agent.db", "rewind", first["id"])
+    assert (ws / "a.txt").read_text() == "one\n"
+    assert len(cli_json(sp, ws, "--store", "agent.db", "log")) == 3  # and the safety one
+    assert sp("--store", "agent.db", "verify", cwd=ws).code == 0
+
+
 def test_snap_sees_same_size_edit_with_restored_mtime(sp: Sp, tmp_path: Path) -> None:
     ws = tmp_path / "ws"
     config = ws / "config.ini"

@@ -88,6 +88,9 @@ class Store:
         self.closed = False
         self.home = home
         """Local directory of the store (for caches and link files), if it has one."""
+        self.own_paths: tuple[Path, ...] = (home,) if home is not None else ()
+        """Files and directories of the store itself: never part of a workspace snapshot
+        (a workspace may hold its store; restoring an old copy over it would wipe it)."""
         if blob_store is None and blob_dir is not None:
             blob_store = LocalBlobStore(blob_dir)
         self.blobs = Blobs(meta, blob_store, cipher=self.cipher)
@@ -426,7 +429,12 @@ def open_store(
     except BaseException:
         sq.close()
         raise
-    return Store(sq, blob_dir=home / "blobs", home=home.resolve(), blob_store=s3, **kw)
+    store = Store(sq, blob_dir=home / "blobs", home=home.resolve(), blob_store=s3, **kw)
+    if db.parent != home:  # agent.db beside agent.db.d/: the database and its side files too
+        db = db.resolve()
+        sides = ("", "-wal", "-shm", "-journal", "-writers")
+        store.own_paths += tuple(db.with_name(db.name + side) for side in sides)
+    return store
 
 
 _BLOBS_KEY = "blobs_url"

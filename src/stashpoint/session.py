@@ -232,7 +232,7 @@ class Session:
         self.workspace: Workspace | None = None
         if workspace is not None:
             self.root = check_root(Path(workspace), force=force)
-            exclude = (store.home,) if store.home is not None else ()
+            exclude = store.own_paths
             self.workspace = Workspace(
                 self.root,
                 store.blobs,

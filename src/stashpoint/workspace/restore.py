@@ -29,6 +29,7 @@ from __future__ import annotations
 import errno
 import os
 import queue
+import stat
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -181,6 +182,7 @@ class Restorer:
         self._prefetch(current, target)
         fd = os.open(root, _DIR_FLAGS)
         try:
+            self._preflight(fd, current, target, b"")
             self._sync(fd, current, target, b"")
         except OSError as exc:
             raise StashpointError(
@@ -191,6 +193,53 @@ class Restorer:
             os.close(fd)
             self._releaser.release()
         return self.stats
+
+    def _preflight(self, root: int, current: bytes | None, target: bytes, rel: bytes) -> None:
+        """Refuse (RestoreBlocked) before changing anything if the restore would have to
+        write over a path no snapshot holds: a file where the current tree has none, or a
+        directory of the current tree, to become a file or link, that holds such paths.
+        Checked first, not on the way: by then an ignore file may be gone, and the rollback's
+        scan would count the ignored file as the workspace's and delete it."""
+        if current == target:
+            return
+        cur = self.reader.load(current) if current is not None else {}
+        for name, t in self.reader.load(target).items():
+            c = cur.get(name)
+            if c == t:
+                continue
+            crel = rel + b"/" + name if rel else name
+            if c is None:
+                self._refuse_if_present(root, crel, crel, t.kind)
+                if t.kind == "d":
+                    self._preflight(root, None, t.ref, crel)
+            elif c.kind == "d" and t.kind == "d":
+                self._preflight(root, c.ref, t.ref, crel)
+            elif c.kind == "d":
+                self._refuse_untracked_below(root, c.ref, crel, t.kind)
+
+    def _refuse_untracked_below(self, root: int, tree: bytes, rel: bytes, kind: str) -> None:
+        try:
+            fd = os.open(rel, _DIR_FLAGS, dir_fd=root)
+        except (FileNotFoundError, NotADirectoryError):
+            return
+        try:
+            names = [os.fsencode(n) for n in os.listdir(fd)]
+        finally:
+            os.close(fd)
+        known = self.reader.load(tree)
+        for name in names:
+            entry = known.get(name)
+            if name.startswith(_TMP):
+                continue
+            if entry is None:
+                what = "file" if kind == "f" else "symlink"
+                raise RestoreBlocked(
+                    f"{os.fsdecode(rel)} is a directory holding ignored files "
+                    f"({os.fsdecode(name)}) where the checkpoint has a {what}; a rewind never "
+                    "touches ignored files: move them away, then run it again"
+                )
+            if entry.kind == "d":
+                self._refuse_untracked_below(root, entry.ref, rel + b"/" + name, kind)
 
     def _sync(self, dfd: int, current: bytes | None, target: bytes | None, rel: bytes) -> None:
         if current == target:
@@ -264,6 +313,11 @@ class Restorer:
             pass
 
     def _create(self, dfd: int, name: bytes, entry: TreeEntry, rel: bytes) -> None:
+        """Make a path the current tree does not have. Something already there is not ours
+        (an ignored file, the store's own files, a file made since the snapshot): it is never
+        overwritten, as git refuses to overwrite untracked files; a directory is entered."""
+        if entry.kind != "d":
+            self._refuse_if_present(dfd, name, rel, entry.kind)
         if entry.kind == "f":
             self._write_file(dfd, name, entry)
         elif entry.kind == "l":
@@ -273,13 +327,30 @@ class Restorer:
                 os.mkdir(name, 0o700, dir_fd=dfd)
                 self.stats.dirs_created += 1
             except FileExistsError:
-                pass
+                self._refuse_if_present(dfd, name, rel, "d")
             sub = os.open(name, _DIR_FLAGS, dir_fd=dfd)
             try:
                 self._sync(sub, None, entry.ref, rel)
                 os.fchmod(sub, entry.mode)
             finally:
                 os.close(sub)
+
+    @staticmethod
+    def _refuse_if_present(dfd: int, name: bytes, rel: bytes, kind: str) -> None:
+        """RestoreBlocked if ``name`` exists (as anything but a directory, when the target is
+        one): its content is in no snapshot, so writing over it would lose it for good."""
+        try:
+            st = os.lstat(name, dir_fd=dfd)
+        except FileNotFoundError:
+            return
+        if kind == "d" and stat.S_ISDIR(st.st_mode):
+            return
+        what = {"f": "file", "l": "symlink", "d": "directory"}[kind]
+        raise RestoreBlocked(
+            f"{os.fsdecode(rel)} exists but is not in the snapshot of this workspace (an ignored "
+            f"file, or the store's own), where the checkpoint has a {what}; a rewind never "
+            "overwrites what no checkpoint holds: move it away, then run it again"
+        )
 
     def _write_file(
         self, dfd: int, name: bytes, entry: TreeEntry, *, replaces: bool = False

@@ -166,6 +166,7 @@ class Scanner:
         new_files = self.new.files
         racy_after = self._racy_after
         check_ignores = not ctx.empty
+        exclude = self.exclude
         links: list[bytes] | None = [] if w is not None else None
         if known is not None and dirty is not None:
             # Watch mode: a name without an event since the last snapshot, still listed with
@@ -198,6 +199,8 @@ class Scanner:
                 continue  # deleted while we looked: it is not part of this moment
             mode = st.st_mode
             if mode & _S_IFMT == _S_IFREG:
+                if exclude and e.path in exclude:
+                    continue  # the store's own database, kept in the workspace
                 if links is not None and st.st_nlink > 1:
                     links.append(name)
                 hit = cached_file(crel)
@@ -224,7 +227,7 @@ class Scanner:
                     nbytes += size
                 nfiles += 1
             elif mode & _S_IFMT == _S_IFDIR:
-                if e.path in self.exclude:
+                if e.path in exclude:
                     continue
                 if check_ignores and not (trusted and crel in old.dirs) and ctx.ignored(crel, True):
                     continue
