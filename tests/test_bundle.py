@@ -15,6 +15,7 @@ import json
 import os
 import random
 import sqlite3
+import stat
 import unicodedata
 from collections.abc import Callable
 from contextlib import closing
@@ -44,11 +45,12 @@ from stashpoint.bundle import (
     export_bundle,
     import_bundle,
     iter_entries,
+    manifest_keyed,
     read_bundle,
 )
 from stashpoint.errors import IntegrityError, UsageError
 from stashpoint.integrity import EMPTY_CHAIN, ChainHasher, message_chain
-from stashpoint.model import Checkpoint, LogRef, TreeEntry
+from stashpoint.model import ArtifactRef, Checkpoint, LogRef, TreeEntry
 from stashpoint.session import StashpointWarning
 from stashpoint.stores.base import CheckpointRow, Commit, LogAppend, LogInfo
 from stashpoint.verify import verify_store
@@ -427,16 +429,25 @@ def obj(kind: bytes, data: bytes) -> tuple[bytes, RawEntry]:
     return digest, blob_entry(kind, digest.hex(), data)
 
 
-def with_root(base: Path, extra: list[TreeEntry], added: list[RawEntry]) -> list[RawEntry]:
+def with_root(
+    base: Path,
+    extra: list[TreeEntry],
+    added: list[RawEntry],
+    *,
+    files: int | None = None,
+    change: Callable[[Checkpoint], Checkpoint] | None = None,
+) -> list[RawEntry]:
     """The base bundle with ``extra`` entries in the workspace's root directory (a new root tree,
-    the record re-sealed to point at it, and the counts it declares kept true)."""
+    the record re-sealed to point at it, and the counts it declares kept true: ``files`` is the
+    count of files ``extra`` adds when it has directories; ``change`` edits the record too)."""
     entries = list(iter_entries(base))
     i, cp = the_record(entries)
     assert cp.workspace is not None
     (r,) = [n for n, e in enumerate(entries) if e.name == cp.workspace.tree]
     tree = msgspec.msgpack.decode(content(entries[r]), type=list[TreeEntry]) + extra
     digest, entries[r] = obj(TREE, msgspec.msgpack.encode(tree))
-    files = sum(1 for e in extra if e.kind in "fl")
+    if files is None:
+        files = sum(1 for e in extra if e.kind in "fl")
     size = sum(e.size for e in extra if e.kind == "f")
     ws = msgspec.structs.replace(
         cp.workspace,
@@ -444,7 +455,8 @@ def with_root(base: Path, extra: list[TreeEntry], added: list[RawEntry]) -> list
         files=cp.workspace.files + files,
         bytes=cp.workspace.bytes + size,
     )
-    entries[i] = sealed(msgspec.structs.replace(cp, workspace=ws))
+    cp = msgspec.structs.replace(cp, workspace=ws)
+    entries[i] = sealed(change(cp) if change is not None else cp)
     return entries + added
 
 
@@ -739,3 +751,186 @@ def test_existing_id_with_other_contents(sp: Sp, tmp_path: Path, base: Path, tar
     bundle = save(entries, tmp_path / "o.spb")
     refused(sp, tmp_path, target, bundle, EXIT_USER, "refusing to overwrite")
     assert "ok" in sp("verify", cwd=target).out
+
+
+def _shared_subtrees(levels: int, names: int) -> tuple[TreeEntry, list[RawEntry], int]:
+    """A directory whose every level names the level below under ``names`` names: a few KiB
+    that a restore would expand to ``names ** levels`` files. Returns (entry, objects, files)."""
+    leaf, data = file_entry(b"f", b"")
+    sub, sub_entry = obj(TREE, msgspec.msgpack.encode([leaf]))
+    added = [data, sub_entry]
+    for _ in range(levels):
+        level = [TreeEntry(b"n%d" % k, "d", 0o755, 0, sub) for k in range(names)]
+        sub, sub_entry = obj(TREE, msgspec.msgpack.encode(level))
+        added.append(sub_entry)
+    return TreeEntry(b"boom", "d", 0o755, 0, sub), added, names**levels
+
+
+def test_shared_subtrees_cannot_expand_past_the_entry_limit(
+    sp: Sp, tmp_path: Path, base: Path, target: Path
+) -> None:
+    """One subtree named twice at each of 40 levels: 2**40 files declared truthfully, in a
+    bundle of ~10 KiB. Refused (checked once per subtree, so refusing it is quick)."""
+    entry, added, files = _shared_subtrees(40, 2)
+    bundle = save(with_root(base, [entry], added, files=files), tmp_path / "dag.spb")
+    assert bundle.stat().st_size - base.stat().st_size < 16_000
+    refused(sp, tmp_path, target, bundle, EXIT_USER, "files, directories and symlinks")
+
+
+def test_the_entry_limit_counts_files_directories_and_symlinks(base: Path) -> None:
+    # base: README.md, src/{main.py, words.txt, deep/er/x.txt}, run.sh, big.bin, empty/,
+    # main-link: 7 files and symlinks, 4 directories.
+    read_bundle(base, limits=Limits(max_restore_entries=11)).close()
+    with pytest.raises(UsageError, match="more than 10 files, directories and symlinks"):
+        read_bundle(base, limits=Limits(max_restore_entries=10)).close()
+
+
+def test_a_shared_subtree_cannot_hide_depth(
+    sp: Sp, tmp_path: Path, base: Path, target: Path
+) -> None:
+    """Three chains of 200 directories, each ending in the previous one: each is checked once
+    (at depth 1), but reached through the others it nests 600 deep (limit 256)."""
+    leaf, data = file_entry(b"f", b"")
+    sub, sub_entry = obj(TREE, msgspec.msgpack.encode([leaf]))
+    added, tops = [data, sub_entry], []
+    for chain in range(3):
+        for i in range(200):
+            level = [TreeEntry(b"c%d-%d" % (chain, i), "d", 0o755, 0, sub)]
+            sub, sub_entry = obj(TREE, msgspec.msgpack.encode(level))
+            added.append(sub_entry)
+        tops.append(TreeEntry(b"top%d" % chain, "d", 0o755, 0, sub))
+    bundle = save(with_root(base, tops, added, files=3), tmp_path / "deep.spb")
+    refused(sp, tmp_path, target, bundle, EXIT_USER, "nest deeper than 256")
+
+
+def test_setuid_artifacts_are_refused(sp: Sp, tmp_path: Path, base: Path, target: Path) -> None:
+    """Like tree files: a rewind --artifacts would create the file with the mode it names."""
+    payload = b"#!/bin/sh\nid\n"
+    digest, blob = obj(BLOB, payload)
+    for mode in (0o4755, 0o2755):
+        art = ArtifactRef(digest.hex(), len(payload), str(tmp_path / "out" / "tool"), mode, 1)
+        entries = with_root(
+            base,
+            [],
+            [blob],
+            change=lambda cp, a=art: msgspec.structs.replace(cp, artifacts={"t": a}),
+        )
+        bundle = save(entries, tmp_path / "art.spb")
+        refused(sp, tmp_path, target, bundle, EXIT_USER, "artifact 't' is setuid/setgid")
+    assert not (tmp_path / "out").exists()
+
+
+def _bad_utf8_manifest(entries: list[RawEntry]) -> list[RawEntry]:
+    data = content(entries[0]).replace(b'"session":"main"', b'"session":"ma\xa1n"')
+    entries[0] = blob_entry(entries[0].kind, "manifest", data)
+    return entries
+
+
+def _bad_utf8_record(entries: list[RawEntry]) -> list[RawEntry]:
+    i, _cp = the_record(entries)
+    rec = msgspec.msgpack.decode(content(entries[i]), type=RecordEntry)
+    data = msgspec.msgpack.encode(rec).replace(rec.digest.encode(), b"\xa1" * 64)
+    entries[i] = blob_entry(RECORD, entries[i].name, data)
+    return entries
+
+
+def _bad_utf8_record_body(entries: list[RawEntry]) -> list[RawEntry]:
+    """Invalid UTF-8 inside the record's JSON, with the record's digest made to fit."""
+    i, _cp = the_record(entries)
+    rec = msgspec.msgpack.decode(content(entries[i]), type=RecordEntry)
+    body = rec.body.replace(b'"branch":"main"', b'"branch":"ma\xa1n"')
+    assert body != rec.body
+    forged = RecordEntry(ChainHasher().digest(body), body)
+    entries[i] = blob_entry(RECORD, entries[i].name, msgspec.msgpack.encode(forged))
+    return entries
+
+
+def _bad_utf8_log(entries: list[RawEntry]) -> list[RawEntry]:
+    i = next(n for n, e in enumerate(entries) if e.kind == LOG)
+    data = content(entries[i]).replace(b"\xa4main", b"\xa4ma\xa1n", 1)
+    entries[i] = blob_entry(LOG, entries[i].name, data)
+    return entries
+
+
+def _bad_utf8_tree(base: Path) -> list[RawEntry]:
+    leaf, data = file_entry(b"f", b"x")
+    tree = msgspec.msgpack.encode([msgspec.structs.replace(leaf, kind="q")])
+    sub, sub_entry = obj(TREE, tree.replace(b"\xa1q", b"\xa1\xff"))
+    return with_root(base, [TreeEntry(b"d", "d", 0o755, 0, sub)], [sub_entry, data], files=1)
+
+
+@pytest.mark.parametrize("where", ["manifest", "record", "record body", "log", "tree"])
+def test_invalid_utf8_is_damage_not_a_traceback(
+    sp: Sp, tmp_path: Path, base: Path, target: Path, where: str
+) -> None:
+    entries = list(iter_entries(base))
+    forged = {
+        "manifest": lambda: _bad_utf8_manifest(entries),
+        "record": lambda: _bad_utf8_record(entries),
+        "record body": lambda: _bad_utf8_record_body(entries),
+        "log": lambda: _bad_utf8_log(entries),
+        "tree": lambda: _bad_utf8_tree(base),
+    }[where]()
+    bundle = save(forged, tmp_path / "u8.spb")
+    refused(sp, tmp_path, target, bundle, EXIT_INTEGRITY, "damaged")
+    with pytest.raises(IntegrityError, match="malformed"):
+        read_bundle(bundle)
+    if where == "manifest":
+        assert manifest_keyed(bundle) is None  # the peek that picks a key: cannot tell
+
+
+def test_export_never_replaces_what_is_not_a_regular_file(sp: Sp, tmp_path: Path) -> None:
+    ws = tmp_path / "ws"
+    write(ws / "a.txt", "x\n")
+    sp("snap", "-m", "one", cwd=ws)
+    fifo, folder, link = tmp_path / "fifo", tmp_path / "folder", tmp_path / "link"
+    os.mkfifo(fifo)
+    folder.mkdir()
+    write(tmp_path / "kept.spb", "kept\n")
+    os.symlink(tmp_path / "kept.spb", link)
+    for path, kind in ((fifo, "a FIFO"), (link, "a symlink")):
+        for flags in ((), ("--overwrite",)):
+            r = sp("export", "-o", str(path), *flags, cwd=ws, check=False)
+            assert r.code == EXIT_USER, r.err + r.out
+            assert f"is not a regular file ({kind})" in r.err and "Traceback" not in r.err
+    with (  # (the CLI refuses a directory itself)
+        stashpoint.open(ws / ".stashpoint") as store,
+        pytest.raises(UsageError, match=r"is not a regular file \(a directory\)"),
+    ):
+        export_bundle(store, folder, session="main", overwrite=True)
+    assert stat.S_ISFIFO(fifo.lstat().st_mode) and folder.is_dir() and link.is_symlink()
+    assert (tmp_path / "kept.spb").read_text() == "kept\n"
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # no temp file left
+    sp("export", "-o", str(tmp_path / "kept.spb"), "--overwrite", cwd=ws)  # a file: replaced
+    read_bundle(tmp_path / "kept.spb").close()
+
+
+def test_ids_a_file_store_cannot_hold_are_refused_before_writing(
+    tmp_path: Path, base: Path
+) -> None:
+    """A bundle allows ids of 128 characters with '.' and ':'; a file:// store holds ids of at
+    most 64 of [0-9A-Za-z_-]. Refused before any blob or log is written; --as gives new ids."""
+    for new in ("log.with.dots", "L" * 100):
+        entries = list(iter_entries(base))
+        i, cp = the_record(entries)
+        j = next(n for n, e in enumerate(entries) if e.kind == LOG)
+        e = entries[j]
+        entries[j] = RawEntry(LOG, new, e.codec, e.size, e.payload)
+        assert cp.state.conversation is not None
+        conv = msgspec.structs.replace(cp.state.conversation, log=new)
+        entries[i] = sealed(
+            msgspec.structs.replace(cp, state=msgspec.structs.replace(cp.state, conversation=conv))
+        )
+        bundle = save(entries, tmp_path / "ids.spb")
+        url = f"file://{tmp_path / 'fstore'}"
+        with stashpoint.open(url) as store:
+            before = listing(tmp_path / "fstore")
+            with read_bundle(bundle) as b, pytest.raises(UsageError, match=r"file store.*--as"):
+                import_bundle(store, b)
+            with read_bundle(bundle) as b, pytest.raises(UsageError, match="file store"):
+                import_bundle(store, b, dry_run=True)
+            assert listing(tmp_path / "fstore") == before
+    with stashpoint.open(url) as store, read_bundle(bundle) as b:
+        import_bundle(store, b, as_session="renamed")
+        assert store.session("renamed").state()["plan"] == "p"
+        assert verify_store(store).ok

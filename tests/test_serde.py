@@ -114,3 +114,26 @@ def test_depth_limit_both_ways() -> None:
 def test_hostile_input_is_a_clear_error(data: bytes) -> None:
     with pytest.raises(SerializationError):
         serde.decode(data)
+
+
+@pytest.mark.parametrize(
+    "data",
+    [
+        b'{"__sp__": "timedelta", "v": [1000000000, 0, 0]}',  # OverflowError
+        b'{"__sp__": "timedelta", "v": [1e300, 0, 0]}',
+        b'{"__sp__": "timedelta", "v": [0, 0, 100000000000000000000]}',
+        b'{"__sp__": "timedelta", "v": ""}',  # IndexError
+        b'{"__sp__": "timedelta", "v": []}',
+        b'{"__sp__": "datetime", "v": "99999-01-01T00:00:00"}',
+        b'{"__sp__": "date", "v": "0000-01-01"}',
+        b'{"__sp__": "decimal", "v": "1e1e1"}',
+        b'{"__sp__": "int", "v": "' + b"9" * 50_000 + b'"}',
+        b'"caf\xa1"',  # invalid UTF-8 in a string: UnicodeDecodeError
+        b'{"k\xe9y": 1}',
+    ],
+)
+def test_out_of_range_or_invalid_tagged_values_are_a_clear_error(data: bytes) -> None:
+    """Values out of a type's range (a bundle can carry any bytes) raise SerializationError,
+    never OverflowError, IndexError or UnicodeDecodeError."""
+    with pytest.raises(SerializationError):
+        serde.decode(data)

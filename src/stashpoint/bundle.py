@@ -67,6 +67,7 @@ from .stores.base import (
     GcEpochChanged,
     LogAppend,
     LogInfo,
+    MetadataStore,
     lease_held,
 )
 from .workspace.tree import validate_name
@@ -114,6 +115,14 @@ _IGNORABLE = dict.fromkeys(
 _RESERVED = frozenset({".git", ".stashpoint", "git~1"})
 
 _DCTX = zstandard.ZstdDecompressor()
+_KINDS = {
+    stat.S_IFDIR: "a directory",
+    stat.S_IFLNK: "a symlink",
+    stat.S_IFCHR: "a character device",
+    stat.S_IFBLK: "a block device",
+    stat.S_IFIFO: "a FIFO",
+    stat.S_IFSOCK: "a socket",
+}
 
 
 def _damaged(msg: str) -> IntegrityError:
@@ -148,6 +157,10 @@ class Limits:
     """Directory nesting (restores recurse per level)."""
     max_restore: int = 1 << 40
     """Bytes one checkpoint's files may expand to (chunk lists can repeat a chunk)."""
+    max_restore_entries: int = 10_000_000
+    """Files, directories and symlinks one checkpoint's tree may expand to: a tree can name one
+    subtree under many names, so a bundle of a few KiB could otherwise ask a restore for 2**40
+    of them. Counted once per distinct subtree, so checking stays cheap."""
     cache_bytes: int = 256 << 20
     """Blob payloads kept in memory between checking and writing; the rest is read twice."""
 
@@ -287,7 +300,14 @@ def manifest_keyed(path: str | os.PathLike[str]) -> bool | None:
                 return None
             f.read(nlen)
             return _manifest_dec.decode(decode_payload(codec, size, f.read(plen))).keyed
-    except (OSError, struct.error, msgspec.DecodeError, IntegrityError, UsageError):
+    except (
+        OSError,
+        struct.error,
+        msgspec.DecodeError,
+        UnicodeDecodeError,
+        IntegrityError,
+        UsageError,
+    ):
         return None
 
 
@@ -336,7 +356,7 @@ def parse_tree(digest: bytes, content: bytes) -> list[TreeEntry]:
     where = f"tree {digest.hex()[:16]}"
     try:
         entries = _tree_dec.decode(content)
-    except msgspec.DecodeError as exc:
+    except (msgspec.DecodeError, UnicodeDecodeError) as exc:  # a kind that is not UTF-8
         raise _damaged(f"{where} is malformed: {exc}") from None
     folded: dict[str, bytes] = {}
     for e in entries:
@@ -436,7 +456,7 @@ class _Checker:
         self.used: set[bytes] = set()
         self.chunks: set[bytes] = set()
         self.list_sizes: dict[bytes, int] = {}
-        self.tree_stats: dict[bytes, tuple[int, int]] = {}
+        self.tree_stats: dict[bytes, _TreeStats] = {}
         self.chains: dict[str, list[bytes]] = {}
         self.used_logs: set[str] = set()
 
@@ -473,6 +493,8 @@ class _Checker:
         for ident, rec in self.c.records.items():
             try:
                 cp = self.hasher.open(ident, rec.body, rec.digest)
+            except UnicodeDecodeError as exc:  # its digest matches; a string in it is not UTF-8
+                raise _damaged(f"checkpoint {ident} is malformed: {exc}") from None
             except IntegrityError as exc:  # (a newer record format: SchemaVersionError, exit 1)
                 if self.hasher.keyed:
                     raise _damaged(
@@ -594,7 +616,8 @@ class _Checker:
         if ws is not None:
             if not _HEX.fullmatch(ws.tree):
                 raise _damaged(f"checkpoint {cp.id} has a bad tree digest")
-            files, nbytes = self._tree(bytes.fromhex(ws.tree), 0)
+            stats = self._tree(bytes.fromhex(ws.tree), 0)
+            files, nbytes = stats.files, stats.bytes
             if (files, nbytes) != (ws.files, ws.bytes):
                 raise _damaged(
                     f"checkpoint {cp.id} declares {ws.files} files / {ws.bytes} bytes, its tree "
@@ -611,6 +634,10 @@ class _Checker:
                 raise _damaged(f"{what} has a bad digest")
             if not os.path.isabs(art.path) or ".." in Path(art.path).parts:
                 raise _refused(f"{what} names an unsafe path {art.path!r}")
+            if not 0 <= art.mode <= 0o7777:
+                raise _damaged(f"{what} has an invalid mode")
+            if art.mode & 0o6000:  # the rule for tree files: a rewind would create it so
+                raise _refused(f"{what} is setuid/setgid")
             if self._content_size(bytes.fromhex(art.digest), what) != art.size:
                 raise _damaged(f"{what} declares {art.size} bytes, its content differs")
             if art.size > self.limits.max_restore:
@@ -642,22 +669,36 @@ class _Checker:
         self.list_sizes[digest] = total
         return total
 
-    def _tree(self, digest: bytes, depth: int) -> tuple[int, int]:
+    def _tree(self, digest: bytes, depth: int) -> _TreeStats:
+        """What a tree expands to. Memoised per digest, so a subtree named many times is checked
+        once; its height and entry count keep the depth and entry limits true for every name
+        it is reached by."""
+        lim = self.limits
         known = self.tree_stats.get(digest)
-        if known is not None:
-            return known
-        if depth > self.limits.max_depth:
-            raise _refused(f"directories nest deeper than {self.limits.max_depth}")
+        if known is None:
+            if depth > lim.max_depth:
+                raise _refused(f"directories nest deeper than {lim.max_depth}")
+            known = self._expand(digest, depth)
+            self.tree_stats[digest] = known
+        if depth + known.height > lim.max_depth:
+            raise _refused(f"directories nest deeper than {lim.max_depth}")
+        return known
+
+    def _expand(self, digest: bytes, depth: int) -> _TreeStats:
         content = self.c.trees.get(digest)
         if content is None:
             raise _damaged(f"tree {digest.hex()[:16]} is not in the bundle")
         self.used.add(digest)
-        files = nbytes = 0
+        limit = self.limits.max_restore_entries
+        files = nbytes = count = height = 0
         entries = self.parsed.get(digest)
         for e in parse_tree(digest, content) if entries is None else entries:
+            count += 1
             if e.kind == "d":
-                n, b = self._tree(e.ref, depth + 1)
-                files, nbytes = files + n, nbytes + b
+                sub = self._tree(e.ref, depth + 1)
+                files, nbytes = files + sub.files, nbytes + sub.bytes
+                count += sub.entries
+                height = max(height, sub.height + 1)
             elif e.kind == "f":
                 size = self._content_size(e.ref, f"file {e.name!r}")
                 if size != e.size:
@@ -667,8 +708,23 @@ class _Checker:
                 if e.size != len(e.ref):
                     raise _damaged(f"symlink {e.name!r} declares a wrong size")
                 files += 1
-        self.tree_stats[digest] = (files, nbytes)
-        return files, nbytes
+            if count > limit:
+                raise _refused(
+                    f"its trees expand to more than {limit} files, directories and symlinks "
+                    "(one directory named under many names?); a restore would create them all"
+                )
+        return _TreeStats(files, nbytes, count, height)
+
+
+@dataclass(frozen=True)
+class _TreeStats:
+    files: int
+    """Files and symlinks (what a workspace record counts)."""
+    bytes: int
+    entries: int
+    """Files, directories and symlinks below the tree."""
+    height: int
+    """Directory levels below the tree."""
 
 
 # -- reading -----------------------------------------------------------------------------------
@@ -914,7 +970,7 @@ class _Reader:
                 if self.cache_bytes + len(payload) <= self.limits.cache_bytes:
                     self.cache_bytes += len(payload)
                     b._cache[digest] = payload
-        except msgspec.DecodeError as exc:
+        except (msgspec.DecodeError, UnicodeDecodeError) as exc:  # a string not UTF-8
             raise _damaged(f"entry {kind.decode()} {name} is malformed: {exc}") from None
 
 
@@ -954,7 +1010,21 @@ def export_bundle(
     same rules as an import before it is renamed into place, so a bundle that exists imports.
     """
     path = Path(dest)
-    if path.exists() and not overwrite:
+    try:
+        mode = path.lstat().st_mode
+    except FileNotFoundError:
+        mode = None
+    except OSError as exc:
+        raise UsageError(f"cannot write {path}: {exc.strerror}") from None
+    if mode is not None and not stat.S_ISREG(mode):
+        # The bundle is renamed over the path: never over a device, FIFO, socket, directory or
+        # symlink, --overwrite or not (as root, ``-o /dev/null`` would replace the device).
+        kind = _KINDS.get(stat.S_IFMT(mode), "an unknown kind")
+        raise UsageError(
+            f"{path} exists and is not a regular file ({kind}); refusing to replace it: "
+            "choose another name"
+        )
+    if mode is not None and not overwrite:
         raise UsageError(f"{path} exists; choose another name or pass --overwrite")
     ex = _Exporter(store, session, progress)
     rows = ex.select(checkpoint)
@@ -1357,6 +1427,7 @@ def import_bundle(
     )
     report.objects_present = len(have)
     report.checkpoints, report.logs = len(new_rows), len(logs)
+    _check_ids(store.meta, [row.id for row in new_rows], [plan.log for plan in logs])
     if dry_run:
         report.objects = len(digests) - len(have)
         return report
@@ -1386,6 +1457,19 @@ def import_bundle(
     for when, idents in sorted(by_time.items()):
         report.pruned += len(meta.mark_pruned(session, idents, when))
     return report
+
+
+def _check_ids(meta: MetadataStore, checkpoints: list[str], logs: list[str]) -> None:
+    """Refuse ids the destination cannot hold before the first write: a bundle allows 128
+    characters with ``.`` and ``:``, a ``file://`` store only what can be a file name. Its
+    refusal came after blobs and logs were written."""
+    try:
+        for ident in checkpoints:
+            meta.check_id("checkpoint id", ident)
+        for log in logs:
+            meta.check_id("log", log)
+    except UsageError as exc:
+        raise _refused(f"{exc}; import it as a new session (--as NAME) for new ids") from None
 
 
 def _reseal(

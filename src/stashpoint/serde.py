@@ -74,7 +74,7 @@ def decode(data: bytes) -> Any:
         raise SerializationError("encoded state value is over the size limit")
     try:
         tree = _json_decoder.decode(data)
-    except (msgspec.DecodeError, RecursionError) as exc:
+    except (msgspec.DecodeError, UnicodeDecodeError, RecursionError) as exc:  # invalid UTF-8
         raise SerializationError(f"cannot decode stored value: {exc}") from exc
     return from_tree(tree)
 
@@ -184,7 +184,9 @@ def from_tree(tree: Any, _depth: int = 0) -> Any:
         return _decode_tag(tree, _depth)
     except SerializationError:
         raise
-    except (KeyError, TypeError, ValueError, decimal.InvalidOperation) as exc:
+    except (LookupError, TypeError, ValueError, ArithmeticError) as exc:
+        # LookupError: KeyError, IndexError; ArithmeticError: OverflowError (a timedelta or
+        # date out of range), decimal.InvalidOperation. ValueError covers UnicodeError too.
         raise SerializationError(f"malformed tagged value {tree.get(TAG)!r}: {exc}") from exc
 
 

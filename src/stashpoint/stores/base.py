@@ -333,6 +333,11 @@ class MetadataStore(ABC):
     def iter_meta(self, prefix: str) -> Iterator[tuple[str, str]]:
         """Store-level settings whose key starts with ``prefix``."""
 
+    def check_id(self, what: str, name: str) -> None:
+        """UsageError if this store cannot hold ``name`` as a checkpoint or log id (an import
+        checks every id before its first write). Any id a bundle may carry, by default."""
+        return None
+
     @abstractmethod
     def iter_blob_info(self) -> Iterator[BlobInfo]:
         """Every inline blob row, condemned or not, without loading payloads."""

@@ -393,6 +393,9 @@ class FileStore(MetadataStore):
         if not _NAME.fullmatch(name):
             raise UsageError(f"{what} {name!r} cannot be stored in a file store")
 
+    def check_id(self, what: str, name: str) -> None:
+        self._check_name(what, name)
+
     def log_info(self, log: str) -> LogInfo | None:
         if not _NAME.fullmatch(log):
             return None

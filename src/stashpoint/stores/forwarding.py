@@ -44,6 +44,9 @@ class ForwardingStore(MetadataStore):
     def iter_meta(self, prefix: str) -> Iterator[tuple[str, str]]:
         return self.inner.iter_meta(prefix)
 
+    def check_id(self, what: str, name: str) -> None:
+        self.inner.check_id(what, name)
+
     def has_blobs(self, digests: Iterable[bytes]) -> set[bytes]:
         return self.inner.has_blobs(digests)
 
