@@ -453,13 +453,19 @@ class SqlStore(MetadataStore):
     def set_label(self, ident: str, session: str, label: str | None) -> None:
         if label is None:
             self._tx(self._exec, "DELETE FROM {t}labels WHERE checkpoint=?", (ident,))
-        else:
-            self._tx(
-                self._exec,
-                "INSERT INTO {t}labels(checkpoint, session, label) VALUES (?, ?, ?) "
-                "ON CONFLICT (checkpoint) DO UPDATE SET label=excluded.label",
+            return
+
+        def do(cur: Any) -> None:
+            self._hold_session(cur, session)  # a prune's label check sees this label or none
+            cur.execute(
+                self.sql(
+                    "INSERT INTO {t}labels(checkpoint, session, label) VALUES (?, ?, ?) "
+                    "ON CONFLICT (checkpoint) DO UPDATE SET label=excluded.label"
+                ),
                 (ident, session, label),
             )
+
+        self._tx(do)
 
     def labels(self, session: str) -> dict[str, str]:
         rows = self._q("SELECT checkpoint, label FROM {t}labels WHERE session=?", (session,))
@@ -520,10 +526,12 @@ class SqlStore(MetadataStore):
                 "INSERT INTO {t}pruned(checkpoint, session, at) SELECT ?, ?, ? "
                 "WHERE EXISTS (SELECT 1 FROM {t}checkpoints WHERE id=? AND session=?) "
                 "AND NOT EXISTS (SELECT 1 FROM {t}heads WHERE session=? AND checkpoint=?) "
+                "AND NOT EXISTS (SELECT 1 FROM {t}labels WHERE checkpoint=?) "
                 "ON CONFLICT (checkpoint) DO NOTHING"
             )
             for ident in ids:
-                res = cur.execute(stmt, (ident, session, at, ident, session, session, ident))
+                args = (ident, session, at, ident, session, session, ident, ident)
+                res = cur.execute(stmt, args)
                 if res.rowcount == 1:
                     done.append(ident)
             return done

@@ -350,9 +350,10 @@ class MetadataStore(ABC):
     def mark_pruned(self, session: str, ids: Sequence[str], at: str) -> list[str]:
         """Mark checkpoints pruned by retention; returns the ids newly marked.
 
-        Skips, atomically, ids that are a branch head of the session right now, ids of other
-        sessions and unknown ids. Refused (:class:`LeaseHeld`) while another worker holds a
-        live lease on the session. The record stays (the hash chain still verifies); GC then
+        Skips, atomically, ids that are a branch head of the session right now or carry a
+        label (set after the retention plan was made), ids of other sessions and unknown ids.
+        Refused (:class:`LeaseHeld`) while another worker holds a live lease on the session.
+        The record stays (the hash chain still verifies); GC then
         treats what only pruned records reference as garbage.
         """
 

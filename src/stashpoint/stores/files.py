@@ -766,11 +766,12 @@ class FileStore(MetadataStore):
         with self._locked():
             self._check_fence(None, session)
             heads = set(self._heads().get(session, {}).values())
+            labelled = self._read_json("labels.json", {})
             pruned = self._read_json("pruned.json", {})
             mine = pruned.setdefault(session, {})
             done = []
             for ident in ids:
-                if ident in heads or ident in mine:
+                if ident in heads or ident in mine or ident in labelled:
                     continue
                 row = self.get_checkpoint(ident)
                 if row is None or row.session != session:

@@ -263,6 +263,8 @@ class MemoryStore(MetadataStore):
                 row = self._checkpoints.get(ident)
                 if row is None or row.session != session or ident in heads:
                     continue
+                if ident in self._labels:  # labelled since the plan: kept
+                    continue
                 if ident not in self._pruned:
                     self._pruned[ident] = (session, at)
                     done.append(ident)

@@ -199,7 +199,8 @@ for _, c in ipairs(redis.call('HVALS', p .. 'heads:' .. session)) do heads[c] = 
 local out = {}
 for i = 4, #ARGV do
   local id = ARGV[i]
-  if not heads[id] and redis.call('HGET', p .. 'cp:' .. id, 'session') == session then
+  if not heads[id] and redis.call('HGET', p .. 'cp:' .. id, 'session') == session
+     and redis.call('HEXISTS', p .. 'labels:' .. session, id) == 0 then
     if redis.call('HSETNX', p .. 'pruned:' .. session, id, at) == 1 then out[#out + 1] = id end
   end
 end

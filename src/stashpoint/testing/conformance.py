@@ -290,6 +290,18 @@ class MetadataStoreConformance:
         assert ms.pruned("other") == {}
         assert ms.get_checkpoint("01A") is not None, "the record stays for the hash chain"
 
+    def test_a_checkpoint_labelled_since_the_plan_is_not_pruned(self, ms: MetadataStore) -> None:
+        """Retention plans without labelled checkpoints; one labelled between the plan and the
+        marks must still be kept (GC would free what its label promises to keep)."""
+        ms.commit(Commit(_row("01A"), None))
+        ms.commit(Commit(_row("01B", "01A"), "01A"))
+        ms.commit(Commit(_row("01C", "01B"), "01B"))
+        ms.set_label("01A", "s", "keep me")
+        assert ms.mark_pruned("s", ["01A", "01B"], "2026-01-01T00:00:00Z") == ["01B"]
+        assert ms.pruned("s") == {"01B": "2026-01-01T00:00:00Z"}
+        ms.set_label("01A", "s", None)
+        assert ms.mark_pruned("s", ["01A"], "later") == ["01A"]
+
     def test_a_head_never_moves_to_a_pruned_checkpoint(self, ms: MetadataStore) -> None:
         """Retention may mark a checkpoint between the engine's check and its head move (a
         rewind, a fork): the move itself refuses, so a head's contents are never freed."""
