@@ -368,9 +368,7 @@ def test_rewind_never_replaces_an_ignored_file_with_a_directory(sp: Sp, tmp_path
     assert (ws / "out").read_text() == "an ignored local file\n"
 
 
-def test_a_database_store_inside_the_workspace_is_never_snapshotted(
-    sp: Sp, tmp_path: Path
-) -> None:
+def test_a_database_store_inside_the_workspace_is_never_snapshotted(sp: Sp, tmp_path: Path) -> None:
     """``--store agent.db`` in the workspace: the database and its side files are the store's,
     not the workspace's. They were snapshotted, and a rewind put an old copy over the live
     database: every checkpoint gone, the rewind's own safety checkpoint included."""
