@@ -662,3 +662,295 @@ def test_a_tampered_journal_is_detected_by_verify_and_on_resume(tmp_path: Path) 
     with pytest.raises(stashpoint.IntegrityError, match="journal"):
         again.run(lambda: 0)
     store.close()
+
+
+# -- review 9 -------------------------------------------------------------------------------
+def _gathered_gates(run: stashpoint.Session) -> Any:
+    @run.tool(name="deploy", approval=True)
+    async def deploy(env: str) -> str:
+        return "deployed " + env
+
+    async def main() -> list[str]:
+        return list(await asyncio.gather(deploy("eu"), deploy("us")))
+
+    return main
+
+
+def test_concurrent_approval_requests_are_all_pending_and_decided_by_id(
+    store: stashpoint.Store,
+) -> None:
+    from stashpoint.durable import run_status
+
+    run = store.session("gates")
+    first = asyncio.run(run.arun(_gathered_gates(run)))
+    assert first.status == "awaiting_approval" and first.pending is not None
+    assert first.pending.args == [["eu"], {}]
+    status = run_status(store.session("gates"))
+    store.session("gates").approve(first.pending.id)  # the one the run reported
+    assert status["pending"]["id"] == first.pending.id  # the first in call order
+    assert [p["args"] for p in status["pending_all"]] == [[["eu"], {}], [["us"], {}]]
+    run = store.session("gates")
+    second = asyncio.run(run.arun(_gathered_gates(run)))
+    assert second.status == "awaiting_approval" and second.pending is not None
+    assert second.pending.args == [["us"], {}]
+    store.session("gates").approve()  # the only one left
+    for _ in range(3):  # the gates come back in any order: the call slots do not depend on it
+        run = store.session("gates")
+        done = asyncio.run(run.arun(_gathered_gates(run)))
+        assert done.status == "completed" and done.value == ["deployed eu", "deployed us"]
+
+
+def test_an_in_doubt_effect_is_found_when_a_concurrent_step_journaled_after_it(
+    store: stashpoint.Store,
+) -> None:
+    sent: list[str] = []
+
+    def program(run: stashpoint.Session, crash: bool) -> Any:
+        started, quick_done = asyncio.Event(), asyncio.Event()
+
+        @run.step
+        async def quick() -> str:
+            await started.wait()  # journaled after the send's intent
+            return "quick"
+
+        @run.tool(irreversible=True)
+        async def send(x: str) -> str:
+            started.set()
+            sent.append(x)
+            await quick_done.wait()
+            if crash:
+                raise Crash  # the process died while the email went out
+            return "sent " + x
+
+        async def quick_then_signal() -> str:
+            out = await quick()
+            quick_done.set()
+            return str(out)
+
+        async def main() -> list[str]:
+            return list(await asyncio.gather(send("mail"), quick_then_signal()))
+
+        return main
+
+    run = store.session("mail")
+    with pytest.raises(Crash):
+        asyncio.run(run.arun(program(run, True)))
+    run = store.session("mail")
+    paused = asyncio.run(run.arun(program(run, False)))
+    assert paused.status == "in_doubt" and paused.pending is not None
+    assert sent == ["mail"]  # not sent again on a guess
+    pending = store.session("mail").pending()
+    assert pending is not None and pending.id == paused.pending.id and pending.kind == "in_doubt"
+    store.session("mail").approve(paused.pending.checkpoint, done=True, result="sent by hand")
+    run = store.session("mail")
+    done = asyncio.run(run.arun(program(run, False)))
+    assert done.status == "completed" and done.value == ["sent by hand", "quick"]
+    assert sent == ["mail"]
+
+
+def test_a_step_that_calls_steps_replays_without_diverging(store: stashpoint.Store) -> None:
+    ran: list[str] = []
+
+    def program(run: stashpoint.Session, crash: bool) -> Any:
+        @run.step
+        def inner(x: int) -> int:
+            ran.append(f"inner{x}")
+            return x * 2
+
+        @run.step
+        def outer(x: int) -> int:
+            ran.append(f"outer{x}")
+            return inner(x) + inner(x + 1)
+
+        @run.step
+        async def ainner(x: int) -> int:
+            ran.append(f"ainner{x}")
+            await asyncio.sleep(0)
+            return x
+
+        @run.step
+        async def aouter(x: int) -> int:
+            ran.append(f"aouter{x}")
+            a = await ainner(x)
+            return a + await ainner(x + 1)
+
+        @run.step
+        def after(y: int) -> int:
+            ran.append("after")
+            if crash:
+                raise Crash
+            return y + 100
+
+        async def amain() -> list[int]:
+            return list(await asyncio.gather(aouter(10), ainner(20), aouter(30)))
+
+        def main() -> list[int]:
+            return [after(outer(1)), *asyncio.run(amain()), after(outer(5))]
+
+        return main
+
+    run = store.session("nest")
+    with pytest.raises(Crash):
+        run.run(program(run, True))
+    assert ran == ["outer1", "inner1", "inner2", "after"]
+    run = store.session("nest")
+    res = run.run(program(run, False))
+    assert res.status == "completed"
+    assert res.value == [106, 21, 20, 61, 122]
+    ran.clear()
+    run = store.session("nest")
+    again = run.run(program(run, False))  # everything replays, nested calls included
+    assert again.value == res.value and ran == [] and again.executed == 0
+
+
+def test_a_failure_outside_steps_inside_a_task_does_not_block_the_rerun(
+    store: stashpoint.Store,
+) -> None:
+    flaky = [True]
+
+    def program(run: stashpoint.Session) -> Any:
+        @run.step
+        def think(i: int) -> str:
+            return f"t{i}"
+
+        def main() -> str:
+            run.plan(["a"])
+            with run.task("a"):
+                x = think(1)
+                if flaky[0]:
+                    raise ConnectionError("transient, outside a step")
+                return str(x + think(2))
+
+        return main
+
+    run = store.session("flaky")
+    with pytest.raises(ConnectionError):
+        run.run(program(run))
+    assert [t.status for t in store.session("flaky").tasks()] == ["failed"]
+    flaky[0] = False
+    run = store.session("flaky")
+    res = run.run(program(run))
+    assert res.status == "completed" and res.value == "t1t2"
+    assert [t.status for t in store.session("flaky").tasks()] == ["completed"]
+    run = store.session("flaky")
+    assert run.run(program(run)).value == "t1t2"  # and it replays
+
+
+def test_a_crash_inside_a_compensation_makes_it_in_doubt_not_run_twice(
+    store: stashpoint.Store,
+) -> None:
+    refunds: list[int] = []
+    die = [False]
+
+    def program(run: stashpoint.Session) -> Any:
+        def refund(result: str, n: int) -> str:
+            refunds.append(n)  # the external undo happened...
+            if die[0]:
+                raise Crash  # ...and the process died before it was recorded
+            return "refunded"
+
+        @run.tool(name="charge", irreversible=True, compensate=refund)
+        def charge(n: int) -> str:
+            return "charged"
+
+        def main() -> None:
+            run.checkpoint(label="start")
+            charge(7)
+
+        return main
+
+    run = store.session("undo")
+    run.run(program(run))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        store.session("undo").rewind("start", compensate=True)  # runs when the program does
+    die[0] = True
+    run = store.session("undo")
+    with pytest.raises(Crash):
+        run.run(program(run))
+    assert refunds == [7]
+    die[0] = False
+    run = store.session("undo")
+    paused = run.run(program(run))
+    assert paused.status == "in_doubt" and refunds == [7]  # not run again on a guess
+    assert paused.pending is not None and paused.pending.tool == "compensation of charge"
+    pending = store.session("undo").pending()
+    assert pending is not None and pending.id == paused.pending.id
+    store.session("undo").approve(paused.pending.id, done=True, result="refunded by hand")
+    run = store.session("undo")
+    assert run.run(program(run)).status == "completed"
+    assert refunds == [7]
+    comp = next(c for c in store.session("undo").history() if "compensations" in c.meta)
+    assert comp.meta["compensations"][0]["ok"] is True
+    assert comp.meta["compensations"][0]["result"] == "refunded by hand"
+
+
+def test_a_crash_right_after_the_done_entry_still_records_the_final_checkpoint(
+    store: stashpoint.Store,
+) -> None:
+    die = [True]
+
+    def program(run: stashpoint.Session) -> Any:
+        state: dict[str, Any] = {"answer": None}
+
+        def provider() -> dict[str, Any]:
+            if die[0]:
+                raise Crash  # the process died after journaling "done"
+            return dict(state)
+
+        run.track(provider)
+
+        @run.step
+        def think() -> int:
+            return 42
+
+        def main() -> int:
+            state["answer"] = think()
+            return int(state["answer"])
+
+        return main
+
+    run = store.session("fin")
+    with pytest.raises(Crash):
+        run.run(program(run))
+    assert store.session("fin").head is None
+    die[0] = False
+    run = store.session("fin")
+    assert run.run(program(run)).value == 42
+    head = store.session("fin").head
+    assert head is not None and head.status == "completed" and head.message == "run completed"
+    assert store.session("fin").state() == {"answer": 42}
+    run = store.session("fin")
+    assert run.run(program(run)).value == 42
+    assert len(store.session("fin").history()) == 1  # taken once
+
+
+def test_an_irreversible_tools_unencodable_result_is_refused_but_stays_in_the_ledger(
+    store: stashpoint.Store,
+) -> None:
+    paid: list[int] = []
+
+    class Receipt:
+        def __init__(self, n: int) -> None:
+            self.n = n
+
+    def program(run: stashpoint.Session) -> Any:
+        @run.tool(name="pay", irreversible=True)
+        def pay(amount: int) -> Any:
+            paid.append(amount)
+            return Receipt(amount)
+
+        def main() -> str:
+            return type(pay(5)).__name__
+
+        return main
+
+    run = store.session("pay")
+    with pytest.raises(stashpoint.errors.SerializationError, match="pay ran, but its result"):
+        run.run(program(run))
+    (effect,) = store.session("pay").effects()
+    assert effect.tool == "pay" and effect.status == "done" and effect.args == [[5], {}]
+    run = store.session("pay")
+    with pytest.raises(stashpoint.errors.SerializationError, match="pay ran, but its result"):
+        run.run(program(run))  # the same answer on replay, never a dict in its place
+    assert paid == [5]  # and it did not happen twice

@@ -151,3 +151,83 @@ def test_the_demo_crashes_resumes_and_approves_a_durable_run(sp: Any, tmp_path: 
     ]
     tasks = sp("--session", d["session"], "tasks", "--json", cwd=d["workspace"]).out
     assert {t["status"] for t in json.loads(tasks)} == {"completed"}
+
+
+GATHER_AGENT = r"""
+import asyncio, os, signal, sys
+import stashpoint
+
+store = stashpoint.open(sys.argv[1])
+run = store.session(sys.argv[2])
+
+@run.tool(name="deploy", approval=True)
+async def deploy(env: str) -> str:
+    return "deployed " + env
+
+async def main():
+    started, quick_done = asyncio.Event(), asyncio.Event()
+
+    @run.step(name="quick")
+    async def quick() -> str:
+        await started.wait()  # journaled after the send's intent
+        return "quick"
+
+    @run.tool(name="send", irreversible=True)
+    async def send(x: str) -> str:
+        started.set()
+        await quick_done.wait()
+        if os.environ.get("CRASH"):
+            os.kill(os.getpid(), signal.SIGKILL)  # died while the email was going out
+        return "sent " + x
+
+    async def quick_then_signal():
+        out = await quick()
+        quick_done.set()
+        return out
+
+    if sys.argv[2] == "gates":
+        return list(await asyncio.gather(deploy("eu"), deploy("us")))
+    return list(await asyncio.gather(send("mail"), quick_then_signal()))
+
+res = asyncio.run(run.arun(main))
+print(res.status, res.value)
+"""
+
+
+def test_concurrent_calls_waiting_for_decisions_are_shown_and_decided(
+    sp: Any, tmp_path: Path
+) -> None:
+    import os
+
+    (tmp_path / "agent.py").write_text(GATHER_AGENT)
+    store = str(tmp_path / "store")
+
+    def agent(session: str, **env: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "agent.py", store, session],
+            cwd=tmp_path,
+            env={**os.environ, **env},
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+
+    assert agent("mail", CRASH="1").returncode == -9
+    assert agent("mail").stdout.split()[0] == "in_doubt"
+    g = ["--store", store, "--session", "mail"]
+    status = json.loads(sp(*g, "resume", "--dry-run", "--json").out)
+    assert status["status"] == "in_doubt" and status["pending"]["tool"] == "send"
+    assert [p["tool"] for p in status["pending_all"]] == ["send"]
+    sp(*g, "approve", status["pending"]["checkpoint"], "--done", "--result", '"sent by hand"')
+    assert agent("mail").stdout.strip() == "completed ['sent by hand', 'quick']"
+
+    assert agent("gates").stdout.split()[0] == "awaiting_approval"
+    g = ["--store", store, "--session", "gates"]
+    status = json.loads(sp(*g, "resume", "--dry-run", "--json").out)
+    eu, us = status["pending_all"]
+    assert status["pending"]["id"] == eu["id"] and eu["args"] == [["eu"], {}]
+    sp(*g, "approve", us["checkpoint"] or us["id"])
+    assert json.loads(sp(*g, "resume", "--dry-run", "--json").out)["pending"]["id"] == eu["id"]
+    sp(*g, "reject", "--reason", "not eu")  # the first in call order: what resume shows
+    out = agent("gates")
+    assert "ToolRejected" in out.stderr and "not eu" in out.stderr

@@ -111,6 +111,53 @@ def test_editing_a_run_paused_for_approval_withdraws_the_stale_request(
     assert run3.run(program(run3)).value == "spent 100" and spent == [100]
 
 
+def test_editing_a_paused_run_onto_a_new_branch_withdraws_the_request_there(
+    store: stashpoint.Store,
+) -> None:
+    spent: list[int] = []
+
+    def program(run: stashpoint.Session) -> Any:
+        @run.tool(name="spend", irreversible=True, approval=True)
+        def spend(amount: int) -> str:
+            spent.append(amount)
+            return f"spent {amount}"
+
+        def main() -> str:
+            state = run.state() or {"budget": 500}
+            if not run.head:
+                run.checkpoint(state)
+            return str(spend(state["budget"]))
+
+        return main
+
+    run = store.session("pay")
+    assert run.run(program(run)).status == "awaiting_approval"
+    edited = store.session("pay").edit(assign={"budget": 100}, reason="too much", branch="fix")
+    assert edited.branch == "fix" and edited.meta["edit"]["withdrew"]["args"] == [[500], {}]
+    assert store.session("pay").pending() is not None  # main still asks for 500
+    fix = store.session("pay", branch="fix")
+    res = fix.run(program(fix))
+    assert res.status == "awaiting_approval" and res.pending is not None
+    assert res.pending.args == [[100], {}]  # asks again on the branch, for the edited amount
+    store.session("pay", branch="fix").approve()
+    fix = store.session("pay", branch="fix")
+    assert fix.run(program(fix)).value == "spent 100" and spent == [100]
+
+
+@pytest.mark.parametrize("index", ["\u00b2", "01", "00", "-1", " 1", "1e0"])
+def test_list_indexes_are_ascii_digits_without_leading_zeros(index: str) -> None:
+    from stashpoint.edit import set_path, split_path
+
+    doc: dict[str, Any] = {"l": [1, 2]}
+    with pytest.raises(stashpoint.UsageError, match="is not a list index"):
+        set_path(doc, split_path(f"l.{index}"), 5)
+    with pytest.raises(stashpoint.UsageError, match="is not a list index"):
+        apply_patch(doc, [{"op": "add", "path": f"/l/{index}", "value": 5}])
+    assert doc == {"l": [1, 2]}
+    set_path(doc, split_path("l.0"), 5)
+    assert apply_patch(doc, [{"op": "add", "path": "/l/1", "value": 7}]) == {"l": [5, 7, 2]}
+
+
 AGENT = """
 import os, sys
 import stashpoint
@@ -204,3 +251,28 @@ def test_cli_edit_in_the_editor(sp: Any, tmp_path: Path) -> None:
     )
     assert res.returncode == 0, res.stderr
     assert json.loads(sp("show", "HEAD", "--json", cwd=tmp_path).out)["state"] == {"mode": "b"}
+
+
+@pytest.mark.parametrize("saved", ["[1, 2]", "null", "3"])
+def test_cli_edit_refuses_a_state_that_is_not_an_object(
+    sp: Any, tmp_path: Path, saved: str
+) -> None:
+    store = stashpoint.open(tmp_path / ".stashpoint")
+    store.session("main").checkpoint({"l": [1, 2]})
+    store.close()
+    fake_editor = tmp_path / "ed.py"
+    fake_editor.write_text(
+        f"import sys, pathlib\npathlib.Path(sys.argv[1]).write_text({saved!r})\n"
+    )
+    res = subprocess.run(
+        [sys.executable, "-m", "stashpoint", "edit", "--editor"],
+        cwd=tmp_path,
+        env={**os.environ, "EDITOR": f"{sys.executable} {fake_editor}", "HOME": str(tmp_path)},
+        capture_output=True,
+        text=True,
+    )
+    assert res.returncode == 1 and "Traceback" not in res.stderr
+    assert "must be a JSON object" in res.stderr
+    bad = sp("edit", "--set", "l.\u00b2=5", cwd=tmp_path, check=False)
+    assert bad.code == 1 and "Traceback" not in bad.err and "is not a list index" in bad.err
+    assert len(json.loads(sp("log", "--json", cwd=tmp_path).out)) == 1  # nothing saved

@@ -57,6 +57,7 @@ from .errors import (
     LeaseHeld,
     LeaseLost,
     NotFoundError,
+    SerializationError,
     StashpointError,
     UsageError,
 )
@@ -90,6 +91,11 @@ _effect_key: contextvars.ContextVar[str | None] = contextvars.ContextVar(
     "stashpoint_effect_key", default=None
 )
 _unjson = msgspec.json.Decoder()
+_nested: contextvars.ContextVar[tuple[tuple[object, list[int]], ...]] = contextvars.ContextVar(
+    "stashpoint_nested_slots", default=()
+)
+"""(engine, slots) of the step and tool bodies running now, innermost last: each durable call
+made inside a body adds its slot to every enclosing body's list of that engine."""
 
 
 # -- errors and results -------------------------------------------------------------------
@@ -277,6 +283,13 @@ def compensation_key(session: str, branch: str) -> str:
     return f"compensate:{session}:{branch}"
 
 
+def _compensation_pending(item: Mapping[str, Any]) -> Pending:
+    """The in-doubt decision for a compensation that was running when the process died; its
+    id is the compensated effect's idempotency key."""
+    tool = f"compensation of {item['tool']}"
+    return Pending("in_doubt", str(item["key"]), tool, item.get("args"), "compensation")
+
+
 class Journal:
     """The live journal of one branch: the head checkpoint's entries plus a run's tail."""
 
@@ -317,6 +330,8 @@ class Journal:
         self.by_slot: dict[int, list[int]] = {}
         for i, e in enumerate(self.entries):
             self.by_slot.setdefault(int(e.get("s", -1)), []).append(i)
+        comp = meta.get_meta(compensation_key(session.name, session.branch))
+        self.compensation: dict[str, Any] | None = json.loads(comp) if comp else None
 
     def _rows(self, log: str | None, length: int) -> list[tuple[str, bytes]]:
         """(chain hex, data) of the first ``length`` entries, chain-verified."""
@@ -426,34 +441,71 @@ class Journal:
                 return entries[i + 1 :]
         return entries
 
-    def cancel_pending(self, why: str) -> Pending | None:
-        """Withdraw an unanswered approval request (its arguments may be stale now)."""
-        pending = self.pending()
-        if pending is None or pending.kind != "approval" or not self.live:
-            return None
-        s = int(self.entries[-1]["s"])
-        self.append({"k": "cancel", "s": s, "id": pending.id, "why": why})
-        return pending
+    def cancel_pending(
+        self, why: str, *, command: Mapping[str, Any] | None = None
+    ) -> list[Pending]:
+        """Withdraw every unanswered approval request (their arguments may be stale now): each
+        such call asks again, with whatever arguments it then has. A journal that no run is
+        appending to (a new branch, a run a rewind ended) gets a run record first, carrying
+        ``command`` (default: the branch's last recorded command)."""
+        open_requests = [
+            (s, p) for s, p in self.open_decisions() if s is not None and p.kind == "approval"
+        ]
+        if not open_requests:
+            return []
+        if not self.live:
+            cmd = self.last_command if command is None else command
+            self.start(argv=list(cmd.get("argv") or []), cwd=cmd.get("cwd"))
+        for s, pending in open_requests:
+            self.append({"k": "cancel", "s": s, "id": pending.id, "why": why})
+        return [p for _, p in open_requests]
 
     # -- derived views ----------------------------------------------------------------------
     def tasks(self, upto: int | None = None) -> list[Task]:
         return fold_tasks(self.entries[:upto])
 
     def pending(self) -> Pending | None:
-        """The decision the run is waiting for: an unanswered approval request or an effect
-        whose outcome is unknown (the process died between intent and outcome)."""
-        if not self.entries:
+        """The first decision the run is waiting for (see :meth:`open_decisions`), or None."""
+        found = self.open_decisions()
+        return found[0][1] if found else None
+
+    def all_pending(self) -> list[Pending]:
+        """Every decision the run is waiting for, in call order."""
+        return [p for _, p in self.open_decisions()]
+
+    def open_decisions(self) -> list[tuple[int | None, Pending]]:
+        """(slot, decision) for each decision the run waits for: an unanswered approval
+        request, or an effect whose outcome is unknown (the process died between intent and
+        outcome) - at any slot, since concurrent async calls journal in any order. A
+        compensation that was running when the process died comes first (slot None): it
+        blocks the run before its first call."""
+        out: list[tuple[int | None, Pending]] = []
+        comp = self.compensation_in_doubt()
+        if comp is not None:
+            out.append((None, comp))
+        if not self.entries or self.entries[-1].get("k") == "done":
+            return out
+        for s in sorted(self.by_slot):
+            entries = self.slot(s)
+            if s < 0 or not entries:
+                continue
+            first, last = entries[0], entries[-1]
+            k = first.get("k")
+            if k == "request" and not any(e.get("k") == "decision" for e in entries[1:]):
+                ident, fp = str(first["id"]), str(first["fp"])
+                out.append((s, Pending("approval", ident, str(first["n"]), first.get("a"), fp)))
+            elif k == "intent" and last.get("k") == "intent":
+                ident, fp = str(last["key"]), str(last["fp"])
+                out.append((s, Pending("in_doubt", ident, str(last["n"]), last.get("a"), fp)))
+        return out
+
+    def compensation_in_doubt(self) -> Pending | None:
+        """A compensation whose intent is recorded but not its outcome, and no human decided."""
+        plan = self.compensation
+        running = plan.get("running") if plan is not None else None
+        if not running or running.get("resolution") is not None:
             return None
-        last = self.entries[-1]
-        if last.get("k") == "request":
-            return Pending(
-                "approval", str(last["id"]), str(last["n"]), last.get("a"), str(last["fp"])
-            )
-        if last.get("k") == "intent":
-            return Pending(
-                "in_doubt", str(last["key"]), str(last["n"]), last.get("a"), str(last["fp"])
-            )
-        return None
+        return _compensation_pending(running)
 
     def effects(self, start: int = 0) -> list[Effect]:
         """The ledger from log position ``start``: each logical irreversible call once."""
@@ -581,6 +633,8 @@ class Durable:
         self.state_provider: Callable[[], Mapping[str, Any]] | None = None
         self.journal: Journal | None = None
         self._slot = 0
+        self._skip: set[int] = set()
+        """Slots of calls made inside a step or tool body that replayed: taken by nobody."""
         self.replayed = 0
         self.executed = 0
         self._depth = 0
@@ -609,7 +663,8 @@ class Durable:
         if self.chaos is not None:
             j.after_append = self.chaos.after_append
         self.journal, self._slot, self.replayed, self.executed = j, 0, 0, 0
-        self.run_pending_compensations()
+        self._skip = set()
+        self.run_pending_compensations(in_run=True)
         return j
 
     def end(self) -> None:
@@ -635,8 +690,29 @@ class Durable:
         if self.journal is None:  # a durable call outside run(): join or start the run
             self.begin()
         s = self._slot
-        self._slot += 1
+        while s in self._skip:  # a replayed body's inner calls: not made again
+            self._skip.discard(s)
+            s += 1
+        self._slot = s + 1
+        for owner, used in _nested.get():
+            if owner is self:
+                used.append(s)
         return s
+
+    def _skip_nested(self, entry: Mapping[str, Any]) -> None:
+        """A step or tool replays without running its body: the slots its body's durable
+        calls took stay taken, so the calls after it find their own entries."""
+        self._skip.update(int(x) for x in entry.get("sub") or () if int(x) >= self._slot)
+
+    @contextmanager
+    def _nest(self) -> Iterator[list[int]]:
+        """Collect the slots of the durable calls made inside a body (nested steps)."""
+        used: list[int] = []
+        token = _nested.set((*_nested.get(), (self, used)))
+        try:
+            yield used
+        finally:
+            _nested.reset(token)
 
     def _diverged(self, s: int, got: Mapping[str, Any], want: str) -> DivergenceError:
         j = self._journal()
@@ -652,10 +728,17 @@ class Durable:
 
     def _match(self, s: int, kind: str, name: str, fp: str) -> list[dict[str, Any]]:
         """The slot's entries if recorded (checking it is the same call), else []."""
-        entries = self._journal().slot(s)
+        j = self._journal()
+        entries = j.slot(s)
         if entries:
             first = entries[0]
             if first.get("k") != kind or first.get("n") != name or first.get("fp") != fp:
+                if first.get("k") == "task" and first.get("auto"):
+                    # "task failed" written on the way out of a crashed program (an exception
+                    # outside any step): not a call the program made, so a re-run that went
+                    # on differently supersedes it, as it would without tasks.
+                    j.append({"k": "cancel", "s": s, "why": "the run went on past a failure"})
+                    return []
                 raise self._diverged(s, first, f"{kind} {name!r}")
         return entries
 
@@ -679,17 +762,35 @@ class Durable:
         backoff: float = 0.5,
     ) -> Callable[..., Any]:
         step_name: str = name or str(getattr(fn, "__qualname__", repr(fn)))
+        at = self._step_at(fn, step_name, retries=retries, backoff=backoff)
         if inspect.iscoroutinefunction(fn):
 
             @functools.wraps(fn)
             async def astep(*args: Any, **kwargs: Any) -> Any:
-                s, fp = self._next_slot(), fingerprint(step_name, args, kwargs)
+                return await at(self._next_slot(), args, kwargs)
+
+            return astep
+
+        @functools.wraps(fn)
+        def step(*args: Any, **kwargs: Any) -> Any:
+            return at(self._next_slot(), args, kwargs)
+
+        return step
+
+    def _step_at(
+        self, fn: Callable[..., Any], step_name: str, *, retries: int, backoff: float
+    ) -> Callable[[int, tuple[Any, ...], dict[str, Any]], Any]:
+        """The step as a call at a given slot (a gated tool takes its slots up front)."""
+        if inspect.iscoroutinefunction(fn):
+
+            async def astep(s: int, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+                fp = fingerprint(step_name, args, kwargs)
                 done = self._replay_step(s, step_name, fp)
                 if done is not None:
                     return done()
                 for attempt in range(retries + 1):
                     try:
-                        with self._body(step_name, s):
+                        with self._body(step_name, s) as sub:
                             value = await fn(*args, **kwargs)
                     except Exception as exc:
                         if attempt < retries:
@@ -697,38 +798,39 @@ class Durable:
 
                             await asyncio.sleep(backoff * 2**attempt)
                             continue
-                        await self._off(self._record_step, s, step_name, fp, error=exc)
+                        await self._off(self._record_step, s, step_name, fp, sub, error=exc)
                         raise
-                    return await self._off(self._record_step, s, step_name, fp, value=value)
+                    return await self._off(self._record_step, s, step_name, fp, sub, value=value)
                 raise AssertionError("unreachable")  # pragma: no cover
 
             return astep
 
-        @functools.wraps(fn)
-        def step(*args: Any, **kwargs: Any) -> Any:
-            s, fp = self._next_slot(), fingerprint(step_name, args, kwargs)
+        def step(s: int, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+            fp = fingerprint(step_name, args, kwargs)
             done = self._replay_step(s, step_name, fp)
             if done is not None:
                 return done()
             for attempt in range(retries + 1):
                 try:
-                    with self._body(step_name, s):
+                    with self._body(step_name, s) as sub:
                         value = fn(*args, **kwargs)
                 except Exception as exc:
                     if attempt < retries:
                         time.sleep(backoff * 2**attempt)
                         continue
-                    self._record_step(s, step_name, fp, error=exc)
+                    self._record_step(s, step_name, fp, sub, error=exc)
                     raise
-                return self._record_step(s, step_name, fp, value=value)
+                return self._record_step(s, step_name, fp, sub, value=value)
             raise AssertionError("unreachable")  # pragma: no cover
 
         return step
 
     @contextmanager
-    def _body(self, name: str, slot: int) -> Iterator[None]:
-        """Around a step body: nesting depth (no policy checkpoints inside a step), and with
-        ``checkpoint_interval`` a timer thread checkpointing while a long body runs."""
+    def _body(self, name: str, slot: int) -> Iterator[list[int]]:
+        """Around a step body: nesting depth (no policy checkpoints inside a step), the slots
+        of the durable calls the body makes (journaled with the step, so that its replay skips
+        them), and with ``checkpoint_interval`` a timer thread checkpointing while a long body
+        runs."""
         if self.session.lease is not None:  # no step body, no side effect, outside the lease
             self.session.lease.check()
         if self.chaos is not None:
@@ -753,7 +855,8 @@ class Durable:
             timer = threading.Thread(target=tick, name=f"stashpoint-interval-{name}", daemon=True)
             timer.start()
         try:
-            yield
+            with self._nest() as sub:
+                yield sub
         finally:
             self._depth -= 1
             if timer is not None:
@@ -766,6 +869,7 @@ class Durable:
             return None
         e = entries[0]
         self.replayed += 1
+        self._skip_nested(e)
 
         def result() -> Any:
             if e.get("ok"):
@@ -775,9 +879,18 @@ class Durable:
         return result
 
     def _record_step(
-        self, s: int, name: str, fp: str, *, value: Any = None, error: BaseException | None = None
+        self,
+        s: int,
+        name: str,
+        fp: str,
+        sub: list[int],
+        *,
+        value: Any = None,
+        error: BaseException | None = None,
     ) -> Any:
         entry: dict[str, Any] = {"k": "step", "s": s, "n": name, "fp": fp}
+        if sub:
+            entry["sub"] = sorted(sub)
         if error is None:
             entry["ok"], entry["r"] = True, serde.to_tree(value)
         else:
@@ -800,50 +913,58 @@ class Durable:
         tool_name: str = name or str(getattr(fn, "__qualname__", repr(fn)))
         spec = _ToolSpec(tool_name, irreversible or compensate is not None, approval, compensate)
         self.tools[tool_name] = spec
-        as_step = self.step(fn, name=tool_name) if not spec.irreversible else None
+        as_step = (
+            self._step_at(fn, tool_name, retries=0, backoff=0.0) if not spec.irreversible else None
+        )
+
         if inspect.iscoroutinefunction(fn):
 
             @functools.wraps(fn)
             async def atool(*args: Any, **kwargs: Any) -> Any:
-                if spec.approval:
-                    s = self._next_slot()  # slots are taken on the loop, in call order
-                    await self._off(self._gate, spec, s, args, kwargs)
-                if as_step is not None:
-                    return await as_step(*args, **kwargs)
+                # The gate's slot and the call's, taken together on the loop in call order:
+                # concurrent gated calls come back from their gates in any order.
+                gate = self._next_slot() if spec.approval else None
                 s = self._next_slot()
-                slot, key, settled = await self._off(self._effect_begin, spec, s, args, kwargs)
+                if gate is not None:
+                    await self._off(self._gate, spec, gate, args, kwargs)
+                if as_step is not None:
+                    return await as_step(s, args, kwargs)
+                key, settled = await self._off(self._effect_begin, spec, s, args, kwargs)
                 if settled is not None:
                     return settled()
                 token = _effect_key.set(key)
                 try:
-                    value = await fn(*args, **kwargs)
+                    with self._nest() as sub:
+                        value = await fn(*args, **kwargs)
                 except Exception as exc:
-                    await self._off(self._effect_end, spec, slot, key, error=exc)
+                    await self._off(self._effect_end, spec, s, key, sub, error=exc)
                     raise
                 finally:
                     _effect_key.reset(token)
-                return await self._off(self._effect_end, spec, slot, key, value=value)
+                return await self._off(self._effect_end, spec, s, key, sub, value=value)
 
             return atool
 
         @functools.wraps(fn)
         def tool(*args: Any, **kwargs: Any) -> Any:
-            if spec.approval:
+            if spec.approval:  # the call's slot after the gate's: a rejection takes only one
                 self._gate(spec, self._next_slot(), args, kwargs)
+            s = self._next_slot()
             if as_step is not None:
-                return as_step(*args, **kwargs)
-            slot, key, settled = self._effect_begin(spec, self._next_slot(), args, kwargs)
+                return as_step(s, args, kwargs)
+            key, settled = self._effect_begin(spec, s, args, kwargs)
             if settled is not None:
                 return settled()
             token = _effect_key.set(key)
             try:
-                value = fn(*args, **kwargs)
+                with self._nest() as sub:
+                    value = fn(*args, **kwargs)
             except Exception as exc:
-                self._effect_end(spec, slot, key, error=exc)
+                self._effect_end(spec, s, key, sub, error=exc)
                 raise
             finally:
                 _effect_key.reset(token)
-            return self._effect_end(spec, slot, key, value=value)
+            return self._effect_end(spec, s, key, sub, value=value)
 
         return tool
 
@@ -902,31 +1023,36 @@ class Durable:
 
     def _effect_begin(
         self, spec: _ToolSpec, s: int, args: tuple[Any, ...], kwargs: dict[str, Any]
-    ) -> tuple[int, str, Callable[[], Any] | None]:
-        """(slot, idempotency key, recorded outcome or None): intent first, then the call."""
+    ) -> tuple[str, Callable[[], Any] | None]:
+        """(idempotency key, recorded outcome or None): intent first, then the call."""
         fp = fingerprint(spec.name, args, kwargs)
         entries = self._match(s, "intent", spec.name, fp)
         if not entries:
             key = new_id()
             self._record_intent(spec, s, fp, key, args, kwargs)
-            return s, key, None
+            return key, None
         self.replayed += 1
         last = entries[-1]
         k = last.get("k")
         key = str(entries[0]["key"])
         if k == "effect":
-            if last.get("ok"):
+            self._skip_nested(last)
+            error: BaseException
+            if last.get("ok") and "x" not in last:
                 value = serde.from_tree(last.get("r"))
-                return s, key, lambda: value
-            error = _rebuild_error(last.get("e") or {})
+                return key, lambda: value
+            if last.get("ok"):  # it happened, but its result could not be recorded
+                error = SerializationError(str(last["x"]))
+            else:
+                error = _rebuild_error(last.get("e") or {})
 
             def fail() -> Any:
                 raise error
 
-            return s, key, fail
+            return key, fail
         if k == "resolve":  # a human said it did not happen: try again, same key
             self._record_intent(spec, s, fp, key, args, kwargs)
-            return s, key, None
+            return key, None
         # An intent with no outcome: the process died while the effect ran. Never re-run it
         # on a guess: pause until a human says whether it happened.
         pending = Pending("in_doubt", key, spec.name, last.get("a"), fp)
@@ -965,19 +1091,35 @@ class Durable:
         spec: _ToolSpec,
         s: int,
         key: str,
+        sub: list[int],
         *,
         value: Any = None,
         error: BaseException | None = None,
     ) -> Any:
         entry: dict[str, Any] = {"k": "effect", "s": s, "n": spec.name, "key": key}
         entry["t"] = utc_now_iso()
+        if sub:
+            entry["sub"] = sorted(sub)
+        refused: SerializationError | None = None
         if error is None:
-            entry["ok"], entry["r"] = True, _loose(value)
+            try:
+                entry["ok"], entry["r"] = True, serde.to_tree(value)
+            except StashpointError as exc:
+                # The effect happened: the ledger says so (done, with the result's type only),
+                # and this call fails now and on every replay, like a step's unencodable result.
+                refused = SerializationError(
+                    f"irreversible tool {spec.name} ran, but its result cannot be recorded for "
+                    f"replay ({exc}); it is in the side-effect ledger as done. Return encodable "
+                    "data from the tool"
+                )
+                entry["ok"], entry["r"], entry["x"] = True, _loose(value), str(refused)
         else:
             entry["ok"], entry["e"] = False, _error_tree(error)
         self._journal().append(entry)
         self.executed += 1
         self._after_live("tool", f"after {spec.name}")
+        if refused is not None:
+            raise refused
         return value
 
     # -- tasks ------------------------------------------------------------------------------
@@ -1010,7 +1152,9 @@ class Durable:
     def remaining(self) -> list[Task]:
         return [t for t in self.tasks() if t.status not in _DONE_TASK]
 
-    def set_task(self, task_id: str, status: str, note: str | None = None) -> None:
+    def set_task(
+        self, task_id: str, status: str, note: str | None = None, *, auto: bool = False
+    ) -> None:
         if status not in TASK_STATUSES:
             raise UsageError(f"task status must be one of {', '.join(TASK_STATUSES)}")
         s = self._next_slot()
@@ -1028,6 +1172,7 @@ class Durable:
                 "id": task_id,
                 "status": status,
                 "note": note,
+                **({"auto": True} if auto else {}),
             }
         )
         if status in ("completed", "failed", "skipped"):
@@ -1042,7 +1187,7 @@ class Durable:
             self.set_task(task_id, "skipped", str(exc))
             raise
         except Exception as exc:
-            self.set_task(task_id, "failed", f"{type(exc).__name__}: {exc}")
+            self.set_task(task_id, "failed", f"{type(exc).__name__}: {exc}", auto=True)
             raise
         self.set_task(task_id, "completed")
 
@@ -1050,7 +1195,10 @@ class Durable:
     def run(
         self, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], *, fresh: bool
     ) -> RunResult:
-        self.begin(fresh=fresh)
+        try:
+            self.begin(fresh=fresh)
+        except RunPaused as p:  # a compensation's outcome is unknown
+            return self._paused(p)
         try:
             value = fn(*args, **kwargs)
         except RunPaused as p:
@@ -1070,7 +1218,10 @@ class Durable:
     ) -> RunResult:
         # The start (journal reads, pending compensations) and the end (a checkpoint with a
         # full workspace snapshot) block: off the loop, like every journal append.
-        await self._off(self.begin, fresh=fresh)
+        try:
+            await self._off(self.begin, fresh=fresh)
+        except RunPaused as p:  # a compensation's outcome is unknown
+            return self._paused(p)
         try:
             value = await fn(*args, **kwargs)
         except RunPaused as p:
@@ -1106,6 +1257,8 @@ class Durable:
         entries = j.slot(s)
         if entries and entries[0].get("k") == "done":
             recorded = serde.from_tree(entries[0].get("r"))
+            if not self._completion_recorded(j):  # the process died right after "done"
+                self._completed_checkpoint()
             res = RunResult("completed", recorded, None, self.replayed, self.executed)
             self.end()
             return res
@@ -1116,6 +1269,12 @@ class Durable:
         except StashpointError:
             tree = None
         j.append({"k": "done", "s": s, "ok": True, "r": tree})
+        self._completed_checkpoint()
+        res = RunResult("completed", value, None, self.replayed, self.executed)
+        self.end()
+        return res
+
+    def _completed_checkpoint(self) -> None:
         self.session.checkpoint(
             self.state_provider() if self.state_provider else None,
             kind="milestone",
@@ -1123,9 +1282,22 @@ class Durable:
             message="run completed",
             files=self.session.workspace is not None,
         )
-        res = RunResult("completed", value, None, self.replayed, self.executed)
-        self.end()
-        return res
+
+    def _completion_recorded(self, j: Journal) -> bool:
+        """Whether the branch has the "run completed" checkpoint of this journal: a completed
+        checkpoint among the head and its ancestors that hold the whole journal."""
+        n, chain = len(j.entries), j.chains[-1]
+        cp = self.session.head
+        while cp is not None and cp.journal is not None:
+            if cp.journal.length != n or cp.journal.hash != chain:
+                return False
+            if cp.status == "completed":
+                return True
+            try:
+                cp = self.session.store.get(cp.parent) if cp.parent else None
+            except StashpointError:  # pruned history: take the checkpoint again
+                return False
+        return False
 
     # -- resources --------------------------------------------------------------------------
     def resource(self, name: str) -> Any:
@@ -1139,13 +1311,26 @@ class Durable:
 
     # -- compensation -----------------------------------------------------------------------
     def request_compensation(self, effects: list[Effect]) -> None:
+        meta = self.session.store.meta
         key = compensation_key(self.session.name, self.session.branch)
         todo = [e.to_dict() for e in reversed(effects)]  # newest first: a saga unwinds
-        self.session.store.meta.set_meta(key, json.dumps({"todo": todo, "done": []}))
+        plan: dict[str, Any] = {"todo": todo, "done": []}
+        raw = meta.get_meta(key)
+        running = json.loads(raw).get("running") if raw else None
+        if running is not None:  # a compensation in doubt stays first, to be decided
+            item = {k: v for k, v in running.items() if k not in ("t", "resolution")}
+            plan["todo"] = [item, *(t for t in todo if t["key"] != item["key"])]
+            plan["running"] = running
+        meta.set_meta(key, json.dumps(plan))
 
-    def run_pending_compensations(self) -> list[dict[str, Any]]:
+    def run_pending_compensations(self, *, in_run: bool = False) -> list[dict[str, Any]]:
         """Run requested compensations whose functions this process registered, newest
-        effect first, each recorded; the rest stay requested (for the program that has them)."""
+        effect first, each recorded; the rest stay requested (for the program that has them).
+
+        Each compensation is an external action too: its intent is recorded before it runs.
+        One that was running when the process died is in doubt - it is never run again on a
+        guess: a run (``in_run``) pauses until a human says whether it happened (``approve
+        --done``), should run again (``approve``) or be given up (``reject``)."""
         meta = self.session.store.meta
         key = compensation_key(self.session.name, self.session.branch)
         raw = meta.get_meta(key)
@@ -1158,9 +1343,29 @@ class Durable:
             if spec is None:
                 return done  # later: when the program that registers the tool runs
             record: dict[str, Any] = {"key": item["key"], "tool": item["tool"]}
-            if spec.compensate is None:
+            running = plan.get("running")
+            decided = None
+            if running is not None and running.get("key") == item["key"]:
+                decided = running.get("resolution")
+                if decided is None:  # an intent with no outcome: the process died in it
+                    if not in_run:
+                        return done
+                    pending = _compensation_pending(running)
+                    cp = self.session.head
+                    if cp is None or cp.status != "in_doubt":
+                        cp = self._paused_checkpoint(pending)
+                    self._pause(pending, cp)
+            if decided is not None and decided.get("outcome") != "retry":
+                by = {"by": decided.get("by"), "reason": decided.get("why")}
+                if decided.get("outcome") == "done":
+                    record.update(ok=True, result=decided.get("result"), **by)
+                else:
+                    record.update(ok=None, skipped="rejected", **by)
+            elif spec.compensate is None:
                 record.update(ok=None, skipped="the tool has no compensation")
             else:
+                plan["running"] = {**item, "t": utc_now_iso()}  # the intent, first
+                meta.set_meta(key, json.dumps(plan))
                 args, kwargs = serde.from_tree(item["args"]) if item["args"] else ([], {})
                 try:
                     out = spec.compensate(serde.from_tree(item["result"]), *args, **kwargs)
@@ -1169,6 +1374,7 @@ class Durable:
                     record.update(ok=False, error=_error_tree(exc))
             done.append(record)
             plan["todo"].remove(item)
+            plan.pop("running", None)
             meta.set_meta(key, json.dumps(plan))
         self.session.checkpoint(
             kind="auto",
@@ -1193,53 +1399,62 @@ def decide(
     """Record a human decision on what the branch's run waits for (``approve`` / ``reject``).
 
     ``ident`` may be the request id, the in-doubt effect's key, the paused checkpoint's id (or
-    a prefix, label, ``HEAD``), or None when exactly one decision is pending. The decision is
-    appended to the run's journal, where the resumed run consumes it once, and recorded as an
-    ``approval`` checkpoint (who, when, why) so the history shows it.
+    a prefix, label, ``HEAD``), or None for the first pending decision in call order (the one
+    ``stashpoint resume --dry-run`` shows; concurrent async calls may wait for several). The
+    decision is appended to the run's journal, where the resumed run consumes it once (a
+    compensation's, to the compensation plan), and recorded as an ``approval`` checkpoint
+    (who, when, why) so the history shows it.
     """
     j = Journal(session)
-    pending = j.pending()
-    if pending is None or not j.live:
+    found = j.open_decisions()
+    if not found:
         raise NotFoundError(
             f"session {session.name!r} branch {session.branch!r} is not waiting for a decision"
         )
-    head = session.head
-    if ident is not None and ident not in (pending.id,):
-        try:
-            cp_id = session.resolve(ident)
-        except StashpointError:
-            cp_id = None
-        if cp_id is None or head is None or cp_id != head.id:
-            raise NotFoundError(
-                f"no pending decision {ident!r}; the run waits for {pending.kind} "
-                f"{pending.id} ({pending.tool})"
-            )
+    s, pending = _choose(session, found, ident)
     who = by or _user()
-    last = j.entries[-1]
-    s = int(last["s"])
-    entry: dict[str, Any]
-    if pending.kind == "approval":
-        if mark_done:
-            raise UsageError("--done applies to an in-doubt effect, not to an approval")
-        entry = {"k": "decision", "s": s, "id": pending.id, "fp": pending.fingerprint}
-        entry.update({"approved": approved, "why": reason, "by": who, "t": utc_now_iso()})
-    elif approved and not mark_done:
-        entry = {"k": "resolve", "s": s, "key": pending.id, "outcome": "retry", "by": who}
-        entry.update({"why": reason, "t": utc_now_iso()})
+    if s is None:  # a compensation whose outcome is unknown
+        if pending.kind != "in_doubt":  # pragma: no cover - compensations are in doubt only
+            raise AssertionError(pending)
+        plan = j.compensation
+        assert plan is not None and plan.get("running") is not None
+        outcome = "retry" if approved and not mark_done else "done" if approved else "rejected"
+        resolution: dict[str, Any] = {"outcome": outcome, "by": who, "why": reason}
+        resolution["t"] = utc_now_iso()
+        if outcome == "done":
+            resolution["result"] = serde.to_tree(done_result)
+        plan["running"]["resolution"] = resolution
+        session.store.meta.set_meta(
+            compensation_key(session.name, session.branch), json.dumps(plan)
+        )
     else:
-        entry = {"k": "effect", "s": s, "n": pending.tool, "key": pending.id, "by": who}
-        entry["t"] = utc_now_iso()
-        if approved:
-            entry["ok"], entry["r"] = True, serde.to_tree(done_result)
+        if not j.live:
+            raise NotFoundError(
+                f"session {session.name!r} branch {session.branch!r} is not waiting for a decision"
+            )
+        entry: dict[str, Any]
+        if pending.kind == "approval":
+            if mark_done:
+                raise UsageError("--done applies to an in-doubt effect, not to an approval")
+            entry = {"k": "decision", "s": s, "id": pending.id, "fp": pending.fingerprint}
+            entry.update({"approved": approved, "why": reason, "by": who, "t": utc_now_iso()})
+        elif approved and not mark_done:
+            entry = {"k": "resolve", "s": s, "key": pending.id, "outcome": "retry", "by": who}
+            entry.update({"why": reason, "t": utc_now_iso()})
         else:
-            entry["ok"] = False
-            entry["e"] = {
-                "type": f"{__name__}.ToolRejected",
-                "message": f"{pending.tool} was rejected" + (f": {reason}" if reason else ""),
-                "tool": pending.tool,
-                "reason": reason,
-            }
-    j.append(entry)
+            entry = {"k": "effect", "s": s, "n": pending.tool, "key": pending.id, "by": who}
+            entry["t"] = utc_now_iso()
+            if approved:
+                entry["ok"], entry["r"] = True, serde.to_tree(done_result)
+            else:
+                entry["ok"] = False
+                entry["e"] = {
+                    "type": f"{__name__}.ToolRejected",
+                    "message": f"{pending.tool} was rejected" + (f": {reason}" if reason else ""),
+                    "tool": pending.tool,
+                    "reason": reason,
+                }
+        j.append(entry)
     verb = (
         "approved"
         if pending.kind == "approval" and approved
@@ -1252,14 +1467,53 @@ def decide(
     decision: dict[str, Any] = {"kind": pending.kind, "id": pending.id, "tool": pending.tool}
     decision["decision"] = verb
     decision.update({"by": who, "reason": reason, "fingerprint": pending.fingerprint})
+    extra: dict[str, Any] = {"journal": j.ref()} if j.live else {}
     return session.checkpoint(
         kind="approval",
         message=f"{pending.tool} {verb} by {who}" + (f": {reason}" if reason else ""),
         meta={"decision": decision},
         files=False,
-        journal=j.ref(),
         status="running",
+        **extra,
     )
+
+
+def _paused_on(cp: Checkpoint | None) -> str | None:
+    """The id of the decision a paused checkpoint was taken for."""
+    if cp is None:
+        return None
+    for k in ("approval", "in_doubt"):
+        info = cp.meta.get(k)
+        if isinstance(info, Mapping) and info.get("id") is not None:
+            return str(info["id"])
+    return None
+
+
+def _choose(
+    session: Session, found: list[tuple[int | None, Pending]], ident: str | None
+) -> tuple[int | None, Pending]:
+    """The open decision ``ident`` names: a request id or in-doubt key, a paused checkpoint
+    (its own decision; the head: the first open one if its own is not open), or None for the
+    first in call order (what ``stashpoint resume --dry-run`` shows)."""
+    if ident is None:
+        return found[0]
+    for s, p in found:
+        if p.id == ident:
+            return s, p
+    try:
+        cp: Checkpoint | None = session.get(ident)
+    except StashpointError:
+        cp = None
+    head = session.head
+    if cp is not None:
+        mine = _paused_on(cp)
+        for s, p in found:
+            if p.id == mine:
+                return s, p
+        if head is not None and cp.id == head.id:
+            return found[0]
+    waits = "; ".join(f"{p.kind} {p.id} ({p.tool})" for _, p in found)
+    raise NotFoundError(f"no pending decision {ident!r}; the run waits for: {waits}")
 
 
 def _user() -> str:
@@ -1274,18 +1528,21 @@ def _user() -> str:
 def run_status(session: Session) -> dict[str, Any]:
     """What ``stashpoint resume --dry-run`` and ``tasks`` show."""
     j = Journal(session)
-    pending = j.pending()
+    head = session.head
+    paused = head if head is not None and head.status in ("awaiting_approval", "in_doubt") else None
+    mine = _paused_on(paused)
+    found = j.all_pending()
+    if paused is not None and found and not any(p.id == mine for p in found):
+        mine = found[0].id  # an older paused checkpoint: `approve HEAD` takes the first
+    all_pending = [
+        Pending(p.kind, p.id, p.tool, p.args, p.fingerprint, paused.id)
+        if paused is not None and p.id == mine
+        else p
+        for p in found
+    ]
+    pending = all_pending[0] if all_pending else None
     tasks = j.tasks()
     next_task = next((t for t in tasks if t.status not in _DONE_TASK), None)
-    head = session.head
-    if (
-        pending is not None
-        and head is not None
-        and head.status in ("awaiting_approval", "in_doubt")
-    ):
-        pending = Pending(
-            pending.kind, pending.id, pending.tool, pending.args, pending.fingerprint, head.id
-        )
     return {
         "session": session.name,
         "branch": session.branch,
@@ -1294,6 +1551,7 @@ def run_status(session: Session) -> dict[str, Any]:
         "journal": len(j.entries),
         "steps": sum(1 for e in j.entries if e.get("k") == "step"),
         "pending": pending.to_dict() if pending else None,
+        "pending_all": [p.to_dict() for p in all_pending],
         "tasks": [t.to_dict() for t in tasks],
         "next_task": next_task.to_dict() if next_task else None,
         "effects": [e.to_dict() for e in j.effects()],

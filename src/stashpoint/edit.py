@@ -2,7 +2,8 @@
 
 Pure functions over plain data: they never touch the store, so a bad edit fails before
 anything is written. Paths are JSON Pointers (RFC 6901: ``/plan/steps/0``) or, for typing
-convenience, dotted paths (``plan.steps.0``; a segment of digits indexes a list).
+convenience, dotted paths (``plan.steps.0``). In both, a list index is ``0`` or ASCII digits
+without a leading zero (RFC 6901), and ``-`` is the end of the list where an item is added.
 """
 
 from __future__ import annotations
@@ -54,7 +55,8 @@ def _child(container: Any, key: str, path: Sequence[str]) -> Any:
 def _index(items: list[Any], key: str, path: Sequence[str], *, allow_end: bool) -> int:
     if allow_end and key == "-":
         return len(items)
-    if not key.isdigit():
+    # RFC 6901: "0" or ASCII digits without a leading zero (str.isdigit also accepts "²")
+    if not (key.isascii() and key.isdigit()) or (len(key) > 1 and key[0] == "0"):
         raise UsageError(f"{_show(path)}: {key!r} is not a list index")
     i = int(key)
     if i > len(items) or (i == len(items) and not allow_end):

@@ -848,16 +848,27 @@ class Session:
             }
         }
         message = "edited: " + (reason or "; ".join(changes) or "no change")
-        if branch is None:
-            from .durable import Journal
+        from .durable import Journal
 
-            withdrawn = Journal(self).cancel_pending(f"superseded by an edit: {message}")
-            if withdrawn is not None:  # approved arguments must come from the edited state
-                meta["edit"]["withdrew"] = withdrawn.to_dict()
+        def withdraw(on: Session, command: Mapping[str, Any] | None = None) -> None:
+            # Approved arguments must come from the edited state: unanswered requests are
+            # withdrawn, and each call asks again with the arguments it then has.
+            withdrawn = Journal(on).cancel_pending(
+                f"superseded by an edit: {message}", command=command
+            )
+            on._run_record = _INHERIT  # the edit checkpoint records the journal with them
+            if withdrawn:
+                meta["edit"]["withdrew"] = withdrawn[0].to_dict()
+            if len(withdrawn) > 1:
+                meta["edit"]["withdrew_all"] = [p.to_dict() for p in withdrawn]
+
+        if branch is None:
+            withdraw(self)
             return self.checkpoint(new, kind="edit", message=message, meta=meta, files=False)
         _check_name("branch", branch)
         if branch in self.branches():
             raise UsageError(f"branch {branch!r} already exists in session {self.name!r}")
+        command = Journal(self).last_command  # a resume on the new branch runs the same program
         self.store.meta.set_head(self.name, branch, target.id, None, fence=self.fence)
         other = Session(
             self.store,
@@ -867,6 +878,7 @@ class Session:
             conversation_key=self.conversation_key,
         )
         other.config_hash = self.config_hash
+        withdraw(other, command)
         return other.checkpoint(new, kind="edit", message=message, meta=meta, files=False)
 
     # -- durable execution (see stashpoint.durable) -----------------------------------------

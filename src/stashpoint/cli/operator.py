@@ -70,10 +70,20 @@ def _edit_in_editor(state: dict[str, Any]) -> dict[str, Any] | None:
         os.unlink(name)
     if edited == text:
         return None
+    from ..errors import StashpointError
+
     try:
-        return dict(from_tree(json.loads(edited)))
+        state = from_tree(json.loads(edited))
     except ValueError as exc:
         raise click.ClickException(f"the edited state is not valid JSON: {exc}") from None
+    except StashpointError as exc:
+        raise click.ClickException(f"the edited state cannot be read: {exc}") from None
+    if not isinstance(state, dict):
+        kind = "null" if state is None else type(state).__name__
+        raise click.ClickException(
+            f"the edited state must be a JSON object (the state's keys), not {kind}; nothing saved"
+        )
+    return state
 
 
 @cli.command()
