@@ -205,6 +205,16 @@ def test_fork_approve_and_reject_from_the_ui(world: Any, tmp_path: Path) -> None
     assert again.status_code == 400 and "error" in again.text
 
 
+def test_a_fork_into_a_place_that_cannot_hold_it_is_an_error_page(world: Any) -> None:
+    store, root, ids = world
+    c = _client(store, root)
+    c.get(f"/?token={TOKEN}")
+    csrf = _csrf(c.get(f"/s/main/c/{ids[0]}").text)
+    form = {"ref": ids[0], "branch": "nowhere", "into": "/proc/stashpoint-x", "csrf": csrf}
+    r = c.post("/s/main/fork", data=form, headers={"Origin": BASE})
+    assert r.status_code == 400 and "/proc/stashpoint-x" in r.text
+
+
 def test_the_cli_refuses_a_non_loopback_address(sp: Any, tmp_path: Path) -> None:
     ws = tmp_path / "ws"
     ws.mkdir()

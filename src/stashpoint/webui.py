@@ -206,6 +206,10 @@ def create_app(
                         return fn(request, fields) if post else fn(request)
                     except StashpointError as exc:
                         return page("error", f"<p class='error'>{_e(exc)}</p>", 400)
+                    except OSError as exc:  # a fork into a directory that cannot be made
+                        where = f" at {exc.filename}" if exc.filename else ""
+                        text = f"{exc.strerror or exc}{where}"
+                        return page("error", f"<p class='error'>{_e(text)}</p>", 400)
 
             return await run_in_threadpool(call)
 
