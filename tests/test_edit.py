@@ -79,10 +79,8 @@ def test_bad_patches_are_refused_whole(patch: Any, error: str) -> None:
     assert doc == {"a": 1, "l": [1]}
 
 
-def test_editing_a_run_paused_for_approval_withdraws_the_stale_request(
-    store: stashpoint.Store,
-) -> None:
-    spent: list[int] = []
+def _spending_program(spent: list[int]) -> Any:
+    """An agent that spends its state's budget through an approval-gated irreversible tool."""
 
     def program(run: stashpoint.Session) -> Any:
         @run.tool(name="spend", irreversible=True, approval=True)
@@ -97,6 +95,15 @@ def test_editing_a_run_paused_for_approval_withdraws_the_stale_request(
             return str(spend(state["budget"]))
 
         return main
+
+    return program
+
+
+def test_editing_a_run_paused_for_approval_withdraws_the_stale_request(
+    store: stashpoint.Store,
+) -> None:
+    spent: list[int] = []
+    program = _spending_program(spent)
 
     run = store.session("pay")
     assert run.run(program(run)).status == "awaiting_approval"
@@ -115,20 +122,7 @@ def test_editing_a_paused_run_onto_a_new_branch_withdraws_the_request_there(
     store: stashpoint.Store,
 ) -> None:
     spent: list[int] = []
-
-    def program(run: stashpoint.Session) -> Any:
-        @run.tool(name="spend", irreversible=True, approval=True)
-        def spend(amount: int) -> str:
-            spent.append(amount)
-            return f"spent {amount}"
-
-        def main() -> str:
-            state = run.state() or {"budget": 500}
-            if not run.head:
-                run.checkpoint(state)
-            return str(spend(state["budget"]))
-
-        return main
+    program = _spending_program(spent)
 
     run = store.session("pay")
     assert run.run(program(run)).status == "awaiting_approval"
