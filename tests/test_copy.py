@@ -4,6 +4,7 @@ idempotent re-runs, and a destination that does not verify."""
 from __future__ import annotations
 
 import json
+import os
 import random
 import sqlite3
 from pathlib import Path
@@ -257,36 +258,78 @@ def test_copy_into_a_leased_session_writes_nothing(tmp_path: Path) -> None:
         assert b.meta.log_info(log) == a.meta.log_info(log)
 
 
-def test_stores_sealed_under_different_keys_are_refused_before_any_write(
+def test_stores_sealed_under_different_keys_copy_a_session_as_a_new_one(
     tmp_path: Path,
 ) -> None:
-    """A keyed chain verifies only under its own key: copying between a plain and an
-    encrypted store (or two keys) is refused up front, naming the way that works (export,
-    then import as a new session, sealed again), and the destination stays empty."""
+    """A keyed chain verifies only under its own key: a copy between a plain and an encrypted
+    store (or two keys) is refused up front, naming --as; copied as a new session, its
+    records are sealed again under the destination's key, with new ids, and verify there."""
     import secrets
 
-    from stashpoint.bundle import export_bundle, import_bundle, read_bundle
     from stashpoint.copy import copy_sessions
     from stashpoint.errors import UsageError
 
+    key = secrets.token_bytes(32)
     with stashpoint.open(tmp_path / "plain") as plain:
         run = plain.session("agent")
         run.checkpoint({"x": 1})
         last = run.checkpoint({"x": 2})
-        for dest in (
-            stashpoint.open(tmp_path / "enc", encryption_key=secrets.token_bytes(32)),
-            stashpoint.open(tmp_path / "other-key", key=b"k" * 32),
-        ):
-            with dest:
-                with pytest.raises(UsageError, match="import it there as a new one"):
-                    copy_sessions(plain, dest)
-                assert dest.sessions() == []
-        export_bundle(plain, tmp_path / "agent.spb", session="agent")
-    key = b"k" * 32
-    with stashpoint.open(tmp_path / "other-key", key=key) as dest:
-        with read_bundle(tmp_path / "agent.spb") as bundle:
-            import_bundle(dest, bundle, as_session="agent-keyed")
-        copied = dest.session("agent-keyed")
-        history = copied.history()  # verified under the new key
-        assert [copied.state(cp)["x"] for cp in history] == [2, 1]
-        assert history[0].meta["stashpoint_import"]["id"] == last.id
+        with stashpoint.open(tmp_path / "enc", encryption_key=key) as enc:
+            with pytest.raises(UsageError, match="--as NEW"):
+                copy_sessions(plain, enc)
+            assert enc.sessions() == []
+            report = copy_sessions(plain, enc, sessions=["agent"], as_session="vault")
+            assert report.verified and report.sessions == ["vault"]
+            copied = enc.session("vault")
+            history = copied.history()  # verified under the store's key
+            assert [copied.state(cp)["x"] for cp in history] == [2, 1]
+            assert history[0].meta["stashpoint_import"]["id"] == last.id
+            assert last.id not in {cp.id for cp in history}
+            # ... and back out, from the encrypted store into a plain one
+            with stashpoint.open(tmp_path / "plain2") as back:
+                copy_sessions(enc, back, sessions=["vault"], as_session="agent")
+                assert [
+                    back.session("agent").state(c)["x"] for c in back.session("agent").history()
+                ] == [2, 1]
+
+
+def test_cli_copy_into_an_encrypted_store_as_a_new_session(tmp_path: Path) -> None:
+    import secrets
+    import subprocess
+
+    from .conftest import STASHPOINT
+
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    (ws / "notes.txt").write_text("plain words\n")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("STASHPOINT_")}
+    env["HOME"] = str(tmp_path)
+
+    def sp(*args: str, key: str | None = None) -> subprocess.CompletedProcess[str]:
+        e = dict(env, **({"STASHPOINT_KEY": key} if key else {}))
+        return subprocess.run([*STASHPOINT, *args], cwd=ws, env=e, capture_output=True, text=True)
+
+    assert sp("snap", "-m", "one").returncode == 0
+    key = secrets.token_hex(32)
+    vault = str(tmp_path / "vault")
+    refused = sp("copy", "--from", ".stashpoint", "--to", vault, key=key)
+    assert refused.returncode == 1 and "--as NEW" in refused.stderr
+    done = sp(
+        "copy",
+        "--from",
+        ".stashpoint",
+        "--to",
+        vault,
+        "--session",
+        "main",
+        "--as",
+        "main",
+        "--json",
+        key=key,
+    )
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["verified"] is True
+    assert sp("--store", vault, "verify", key=key).returncode == 0
+    assert b"plain words" not in b"".join(
+        p.read_bytes() for p in Path(vault).rglob("*") if p.is_file()
+    )

@@ -342,11 +342,14 @@ def open_store(
     ``$STASHPOINT_KEY`` or ``$STASHPOINT_KEY_FILE``) encrypts a new store at rest and is
     required to open an encrypted one (``pip install 'stashpoint[encryption]'``). Encryption
     also keys the chain, with a MAC key derived from the encryption key unless ``key`` is given.
+    ``encryption_key=b""`` opens without one, whatever the environment says.
     """
     if encryption_key is None:
         from .crypto import key_from_env
 
         encryption_key = key_from_env()
+    elif encryption_key == b"":
+        encryption_key = None
     if mirror is not None:
         from .mirror import mirrored
 

@@ -70,23 +70,30 @@ def copy_sessions(
     dest: Store,
     *,
     sessions: list[str] | None = None,
+    as_session: str | None = None,
     progress: Progress | None = None,
 ) -> CopyReport:
     """Copy ``sessions`` (default: every session with checkpoints) from ``source`` to
-    ``dest``, then verify them there; see the module docstring for the rules."""
+    ``dest``, then verify them there; see the module docstring for the rules.
+
+    ``as_session``: copy the one session given as a new session of that name, its records
+    sealed again under the destination's key, with new ids (each keeps its original id and
+    digest in its meta). This is how a session moves between stores whose hash chains are
+    sealed under different keys: a plain and an encrypted store, or two keys."""
     if source.id == dest.id:
         raise ConflictError("source and destination are the same store")
-    if not source.hasher.same_key(dest.hasher):
+    if as_session is not None and (sessions is None or len(set(sessions)) != 1):
+        raise UsageError("copying as a new session (--as NAME) needs exactly one --session")
+    if as_session is None and not source.hasher.same_key(dest.hasher):
         # A keyed chain verifies only under its own key: the copy would be refused as forged
         # after the export, in words about a bundle the user never asked for.
         have, want = ("an HMAC key" if h.keyed else "no key" for h in (source.hasher, dest.hasher))
         raise UsageError(
             f"{printable_url(source.url)} seals its hash chain with {have} and "
             f"{printable_url(dest.url)} with {want if want != have else 'another key'}: "
-            "its checkpoints would not verify there. To seal them again under the "
-            "destination's key (as new checkpoints with new ids), export the session and "
-            "import it there as a new one: stashpoint export S -o s.spb; "
-            "stashpoint --store DEST import s.spb --as NEW"
+            "its checkpoints would not verify there. Copy a session as a new one instead "
+            "(--session S --as NEW): its records are sealed again under the destination's "
+            "key, with new ids"
         )
     names = sessions if sessions is not None else source.sessions()
     names = [n for n in dict.fromkeys(names) if sessions is not None or _has_records(source, n)]
@@ -121,21 +128,23 @@ def copy_sessions(
                     f"cannot write the temporary bundle for session {name!r} in {tmp}: "
                     f"{exc.strerror or exc}; {hint}"
                 ) from exc
-            with read_bundle(path, hasher=dest.hasher) as bundle:
+            # Checked under the key it was sealed with; sealed again on import when renamed.
+            hasher = dest.hasher if as_session is None else source.hasher.plain()
+            with read_bundle(path, hasher=hasher) as bundle:
                 try:
-                    rep = import_bundle(dest, bundle, progress=step)
+                    rep = import_bundle(dest, bundle, as_session=as_session, progress=step)
                 except Clash as exc:
                     raise ConflictError(
                         f"copying session {name!r}: {exc}".replace("refusing bundle: ", "")
                     ) from None
             os.unlink(path)
-            report.sessions.append(name)
+            report.sessions.append(as_session or name)
             report.checkpoints += rep.checkpoints
             report.present += rep.present
             report.blobs += rep.objects
             report.blobs_present += rep.objects_present
             report.bytes += rep.bytes
-            report.heads[name] = rep.heads
+            report.heads[as_session or name] = rep.heads
             done += rep.objects
     report.problems = _verify(dest, report.sessions, progress)
     report.verified = not report.problems

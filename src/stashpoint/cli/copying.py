@@ -3,13 +3,18 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 
+from ..errors import EncryptionKeyError
 from . import cli
 from ._app import Ctx, emit, json_option
 from ._progress import ByteProgress
 from .bundles import _size
+
+if TYPE_CHECKING:
+    from .._store import Store
 
 pass_ctx = click.make_pass_decorator(Ctx)
 
@@ -26,6 +31,28 @@ def _existing(url: str) -> str:
     return url
 
 
+def _open_source(url: str, *, plain_ok: bool) -> Store:
+    """The source store. The CLI's one key ($STASHPOINT_KEY) is the destination's when a
+    session is copied --as a new one into an encrypted store: a plain source is then opened
+    without it (opening it with a key is refused: its rows are not encrypted)."""
+    from .._store import open_store
+    from ..crypto import key_from_env
+
+    try:
+        return open_store(url)
+    except EncryptionKeyError as exc:
+        if key_from_env() is None:
+            raise
+        if not plain_ok:
+            raise EncryptionKeyError(
+                f"{exc}; to copy one of its sessions into an encrypted store: --session S --as NEW"
+            ) from None
+        try:
+            return open_store(url, encryption_key=b"")
+        except EncryptionKeyError:
+            raise exc from None  # encrypted under another key: the first error says so
+
+
 @cli.command("copy")
 @click.option("--from", "source", required=True, metavar="URL", help="Store to copy from.")
 @click.option("--to", "dest", required=True, metavar="URL", help="Store to copy into (created).")
@@ -36,9 +63,18 @@ def _existing(url: str) -> str:
     metavar="NAME",
     help="Copy this session (repeatable; default: every session, or the global --session).",
 )
+@click.option(
+    "--as",
+    "as_name",
+    metavar="NEW",
+    help="Copy the one --session as a new session NEW, sealed again under the destination's "
+    "key with new ids (between a plain and an encrypted store, or two keys).",
+)
 @json_option
 @pass_ctx
-def copy_cmd(ctx: Ctx, source: str, dest: str, sessions: tuple[str, ...]) -> None:
+def copy_cmd(
+    ctx: Ctx, source: str, dest: str, sessions: tuple[str, ...], as_name: str | None
+) -> None:
     """Copy sessions from one store to another: SQLite, PostgreSQL, Redis, memory, S3 blobs.
 
     Checkpoints keep their ids and hash chain; heads, labels, pruned marks, conversation and
@@ -53,17 +89,18 @@ def copy_cmd(ctx: Ctx, source: str, dest: str, sessions: tuple[str, ...]) -> Non
       stashpoint copy --from .stashpoint --to postgresql://db/agents
       stashpoint copy --from postgresql://db/agents --to redis://cache:6379/0 --session fix-42
       stashpoint copy --from .stashpoint --to 'sqlite:///backup?blobs=s3://bucket/agents'
+      STASHPOINT_KEY=… stashpoint copy --from .stashpoint --to vault --session fix-42 --as fix-42
     """
     from .._store import open_store
     from ..copy import copy_sessions, raise_if_unverified
 
     names = list(sessions) or ([ctx.session_name] if ctx.session_name else None)
     with (
-        open_store(_existing(source)) as src,
+        _open_source(_existing(source), plain_ok=as_name is not None) as src,
         open_store(dest) as dst,
         ByteProgress("copy", enabled=not ctx.json) as progress,
     ):
-        report = copy_sessions(src, dst, sessions=names, progress=progress)
+        report = copy_sessions(src, dst, sessions=names, as_session=as_name, progress=progress)
     emit(
         ctx,
         report.to_dict(),
