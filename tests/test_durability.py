@@ -68,6 +68,37 @@ def test_sqlite_defers_only_the_commits_of_deferred_sessions(tmp_path: Path) -> 
     again.close()
 
 
+@pytest.mark.parametrize("level", ["exit", "group:5"])
+def test_journal_entries_after_a_deferred_checkpoint_are_fsynced(
+    tmp_path: Path, level: str
+) -> None:
+    """A deferred checkpoint commits at synchronous=NORMAL; the durable step's journal entry
+    that follows must not (it is always fsynced). The connection stayed at NORMAL after a
+    deferred commit, so every later journal append, intent and head move went unsynced."""
+    store = stashpoint.open(tmp_path / "s")
+    run = store.session("s", durability=level)
+    run.checkpoint({"x": 1})
+    seen: list[str] = []
+    db = store.meta._db  # type: ignore[attr-defined]
+    level_now = int(db.execute("PRAGMA synchronous").fetchone()[0])
+    db.set_trace_callback(seen.append)
+
+    @run.step
+    def charge() -> str:
+        return "charged"
+
+    run.run(lambda: charge())
+    db.set_trace_callback(None)
+    appends = []
+    for stmt in seen:  # the synchronous level each journal append's transaction committed at
+        if stmt.startswith("PRAGMA synchronous="):
+            level_now = {"NORMAL": 1, "FULL": 2}[stmt.split("=")[1]]
+        elif stmt.startswith("INSERT INTO messages"):
+            appends.append(level_now)
+    assert appends and set(appends) == {2}, appends
+    store.close()
+
+
 def test_group_commit_flushes_after_its_delay(tmp_path: Path) -> None:
     store = stashpoint.open(tmp_path / "s", durability="group:1000,20ms")
     run = store.session("s")

@@ -51,6 +51,8 @@ class SqliteStore(SqlStore):
         self.path = Path(path)
         self._synchronous = synchronous.upper()
         self._sync_now = self._synchronous
+        self._deferred_sync: str | None = None
+        """The level of the deferred commit running now (set by ``commit`` for ``_tx``)."""
         self.url = f"sqlite:///{self.path}"
         self.durability = (
             "SQLite WAL: one fsync per durable commit (synchronous=FULL); deferred ones at "
@@ -175,10 +177,16 @@ class SqliteStore(SqlStore):
                 raise StoreError(f"SQLite read failed: {exc}") from exc
 
     def _tx(self, fn: Callable[..., Any], *args: Any) -> Any:
-        """Run ``fn(db, *args)`` inside BEGIN IMMEDIATE ... COMMIT, in this process's turn."""
+        """Run ``fn(db, *args)`` inside BEGIN IMMEDIATE ... COMMIT, in this process's turn, at
+        the store's synchronous level: only a deferred checkpoint's own commit (``commit``)
+        runs below it, never the write after it (a journal entry, an intent, a head)."""
         with self._lock, self._writers.turn():
             db = self._db
+            want = self._deferred_sync or self._synchronous
             try:
+                if want != self._sync_now:
+                    db.execute(f"PRAGMA synchronous={want}")
+                    self._sync_now = want
                 db.execute("BEGIN IMMEDIATE")
             except sqlite3.Error as exc:
                 raise StoreError(f"SQLite write failed: {exc}") from exc
@@ -202,18 +210,14 @@ class SqliteStore(SqlStore):
     def commit(self, commit: Commit) -> None:
         # A deferred commit runs at synchronous=NORMAL: in WAL mode SQLite then skips the
         # commit's fsync but keeps the log ordered, so a crash loses only a suffix of commits.
-        want = self._synchronous
-        if not commit.durable and want in ("FULL", "EXTRA"):
-            want = "NORMAL"
+        deferred = not commit.durable and self._synchronous in ("FULL", "EXTRA")
         with self._lock:
             self._commits += 1
-            if want != self._sync_now:
-                try:
-                    self._db.execute(f"PRAGMA synchronous={want}")
-                except sqlite3.Error as exc:
-                    raise StoreError(f"SQLite write failed: {exc}") from exc
-                self._sync_now = want
-            super().commit(commit)
+            self._deferred_sync = "NORMAL" if deferred else None
+            try:
+                super().commit(commit)
+            finally:
+                self._deferred_sync = None
 
     def flush(self) -> None:
         """fsync the write-ahead log: every transaction committed so far, deferred or not, is
