@@ -810,3 +810,44 @@ def test_the_url_a_store_reports_opens_the_same_store(sp: Sp, tmp_path: Path) ->
     with stashpoint.open(ws / ".stashpoint"):  # open by its directory: GC is not alone
         report = cli_json(sp, ws, "--store", url, "gc")
     assert report["exclusive"] is False
+
+
+def test_a_label_names_one_checkpoint_and_deleting_it_hides_it(sp: Sp, tmp_path: Path) -> None:
+    ws = tmp_path / "ws"
+    write(ws / "f", "1\n")
+    first = cli_json(sp, ws, "snap", "-m", "v1", "--label", "green")
+    write(ws / "f", "2\n")
+    second = cli_json(sp, ws, "snap", "-m", "v2", "--label", "green")  # moves the label
+    assert cli_json(sp, ws, "show", "green")["id"] == second["id"]
+    sp("label", first["id"], "green", cwd=ws)  # and back
+    assert cli_json(sp, ws, "show", "green")["id"] == first["id"]
+    labels = {cp["id"]: cp["label"] for cp in cli_json(sp, ws, "log")}
+    assert labels == {first["id"]: "green", second["id"]: None}
+    sp("label", first["id"], "--delete", cwd=ws)
+    assert all(cp["label"] is None for cp in cli_json(sp, ws, "log"))
+    assert "[green]" not in sp("log", cwd=ws).out
+    fails(sp, ws, "show", "green", code=1)
+
+
+def test_head_tilde_past_the_first_checkpoint_is_an_error(sp: Sp, tmp_path: Path) -> None:
+    ws = tmp_path / "ws"
+    write(ws / "f", "1\n")
+    snap(sp, ws, "one")
+    write(ws / "f", "2\n")
+    snap(sp, ws, "two")
+    assert "goes back only 1" in fails(sp, ws, "rewind", "HEAD~9", code=1).err
+    assert (ws / "f").read_text() == "2\n"
+    assert cli_json(sp, ws, "show", "HEAD~1")["message"] == "one"
+
+
+def test_diff_lines_end_at_newlines_only(sp: Sp, tmp_path: Path) -> None:
+    """Form feeds, lone carriage returns and U+2028 are characters inside a line, as for
+    diff -u and patch, not line ends."""
+    ws = tmp_path / "ws"
+    write(ws / "doc.txt", "page1\fstill line 1\nline 2\u2028same line\n")
+    a = snap(sp, ws, "A")
+    write(ws / "doc.txt", "page1\fstill line 1 EDITED\nline 2\u2028same line\n")
+    b = snap(sp, ws, "B")
+    out = sp("diff", a["id"], b["id"], cwd=ws).out
+    assert "-page1\fstill line 1\n+page1\fstill line 1 EDITED\n line 2\u2028same line\n" in out
+    assert "No newline" not in out

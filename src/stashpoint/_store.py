@@ -209,9 +209,9 @@ class Store:
         if len(ref) == 26 and self.meta.get_checkpoint(ref.upper()) is not None:
             return ref.upper()
         if session is not None:
-            for ident, label in self.meta.labels(session).items():
-                if label == ref:
-                    return ident
+            named = sorted(i for i, label in self.meta.labels(session).items() if label == ref)
+            if named:
+                return named[-1]  # the newest, should a store hold one label twice
         if len(ref) >= 4:
             found = self.meta.find_ids(ref.upper(), session)
             if len(found) == 1:

@@ -346,9 +346,13 @@ class Session:
                 raise UsageError(f"bad reference {ref!r}: use HEAD~N with a number N")
             cp = self.head
             back = int(steps or 1) if "~" in upper else 0
-            for _ in range(back):
-                if cp is None or cp.parent is None:
+            for n in range(back):
+                if cp is None:
                     break
+                if cp.parent is None:  # as git: no silent clamping to the first checkpoint
+                    raise NotFoundError(
+                        f"{ref}: branch {self.branch!r} goes back only {n} checkpoint(s)"
+                    )
                 cp = self.store.get(cp.parent)
             if cp is None:
                 raise NotFoundError(f"branch {self.branch!r} has no checkpoint {ref}")
@@ -617,7 +621,7 @@ class Session:
             self._head = sealed
             self._head_loaded = True
             if label is not None:
-                self.store.meta.set_label(sealed.id, self.name, label)
+                self._set_label(sealed.id, label)
             if self.workspace is not None and files:
                 self.workspace.save_cache()
             return sealed
@@ -772,8 +776,17 @@ class Session:
     def label(self, ref: str, label: str | None) -> Checkpoint:
         cp = self.get(ref)
         self.check_may_write()
-        self.store.meta.set_label(cp.id, self.name, label)
+        self._set_label(cp.id, label)
         return cp
+
+    def _set_label(self, ident: str, label: str | None) -> None:
+        """A label names one checkpoint of the session: set on another, it moves there (as a
+        git tag with -f; two checkpoints with one label made ``show NAME`` pick either)."""
+        if label is not None:
+            for other, name in self.store.meta.labels(self.name).items():
+                if name == label and other != ident:
+                    self.store.meta.set_label(other, self.name, None)
+        self.store.meta.set_label(ident, self.name, label)
 
     # -- operator edits (SPEC C22) ---------------------------------------------------------
     def validator(self, fn: F) -> F:
@@ -1516,7 +1529,9 @@ def _args_summary(args: Any, limit: int = 80) -> str:
 
 def checkpoint_json(cp: Checkpoint, labels: Mapping[str, str] | None = None) -> dict[str, Any]:
     """The CLI contract's object for a checkpoint (SPEC C19)."""
-    d = cp.to_dict(label=(labels or {}).get(cp.id))
+    d = cp.to_dict()
+    if labels is not None:  # the current label (a deleted one is gone; the record keeps its
+        d["label"] = labels.get(cp.id)  # creation label, which only history shows)
     return msgspec.to_builtins(d)  # type: ignore[no-any-return]
 
 

@@ -428,7 +428,7 @@ def _tree_html(
         kids.sort(key=lambda c: rank[c.id], reverse=True)
 
     def item(cp: Checkpoint) -> str:
-        label = labels.get(cp.id) or cp.label
+        label = labels.get(cp.id)
         bits = [
             f"<a class='id' href='{_e(_cp_url(name, cp.id))}'><code>{_short(cp.id)}</code></a>",
             f"step {cp.step}",
@@ -480,7 +480,7 @@ def _checkpoint_html(s: Session, cp: Checkpoint, form: Callable[..., str]) -> st
             else "-",
         ),
         ("step · kind · status", f"{cp.step} · {_e(cp.kind)} · {_e(cp.status or '-')}"),
-        ("label", _e(s.labels().get(cp.id) or cp.label or "-")),
+        ("label", _e(s.labels().get(cp.id) or "-")),
         ("message", _e(cp.message or "-")),
         ("created (UTC)", _e(cp.created_at)),
         ("digest", f"<code>{_e(cp.digest)}</code>"),

@@ -33,7 +33,7 @@ def _session_flag(session: Session) -> str:
 
 
 def _line(cp: Checkpoint, labels: dict[str, str], heads: dict[str, list[str]]) -> str:
-    label = labels.get(cp.id) or cp.label
+    label = labels.get(cp.id)
     parts = [
         click.style(short(cp.id), fg="yellow"),
         f"step {cp.step:<4}",

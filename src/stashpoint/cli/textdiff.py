@@ -23,9 +23,14 @@ def _text(blobs: Blobs, kind: str, ref: bytes, size: int) -> list[str] | None:
     if b"\0" in data[:8192]:
         return None
     try:
-        return data.decode("utf-8").splitlines(keepends=True)
+        text = data.decode("utf-8")
     except UnicodeDecodeError:
         return None
+    # Lines end at "\n" only, as diff -u and patch see them (str.splitlines also breaks at
+    # form feeds, lone "\r" and U+2028, and then marks lines as missing their newline).
+    lines = [line + "\n" for line in text.split("\n")]
+    lines[-1] = lines[-1][:-1]
+    return lines if lines[-1] else lines[:-1]
 
 
 def file_diff(blobs: Blobs, change: Change, path: str) -> str:
