@@ -851,3 +851,61 @@ def test_diff_lines_end_at_newlines_only(sp: Sp, tmp_path: Path) -> None:
     out = sp("diff", a["id"], b["id"], cwd=ws).out
     assert "-page1\fstill line 1\n+page1\fstill line 1 EDITED\n line 2\u2028same line\n" in out
     assert "No newline" not in out
+
+
+def test_a_command_run_during_a_live_rewind_leaves_that_rewind_alone(
+    sp: Sp, tmp_path: Path
+) -> None:
+    """Every command completes a rewind a crash interrupted; a rewind still running (its
+    process holds the workspace's restore lock) is not interrupted: a `log` or a hook's `snap`
+    run meanwhile used to "complete" it concurrently and delete its temp files."""
+    from stashpoint.workspace import restoring
+
+    ws = tmp_path / "ws"
+    write(ws / "f.txt", "one\n")
+    a = snap(sp, ws, "A")
+    write(ws / "f.txt", "two\n")
+    snap(sp, ws, "B")
+    with stashpoint.open(ws / ".stashpoint") as store:
+        run = store.session("main", workspace=ws)
+        target = run.get(a["id"])
+        safety = run.checkpoint(kind="pre-rewind", message="before rewind")
+        assert store.home is not None
+        with restoring(run.root, store.home / "locks"):  # type: ignore[arg-type]
+            run._journal(target, safety)  # what a live rewind has written before its files
+            cli_json(sp, ws, "log")
+            assert (ws / "f.txt").read_text() == "two\n"  # not touched: the rewind is alive
+        # The lock is free: the rewind is gone without finishing. The next command completes it.
+        cli_json(sp, ws, "log")
+        assert (ws / "f.txt").read_text() == "one\n"
+
+
+def test_with_a_store_url_the_workspace_is_the_snapshotted_root_not_a_subdirectory(
+    sp: Sp, tmp_path: Path
+) -> None:
+    """With --store (or $STASHPOINT_STORE) nothing marks the workspace root; run from a
+    subdirectory of the root the session snapshotted, the root is still that directory: a
+    rewind from proj/src used to pour the whole project into src, deleting its files."""
+    proj = tmp_path / "proj"
+    write(proj / "app.py", "main\n")
+    write(proj / "src/lib.py", "lib v1\n")
+    write(proj / "src/notes.txt", "keep me\n")
+    store = str(tmp_path / "store")
+    one = cli_json(sp, proj, "--store", store, "snap", "-m", "one")
+    write(proj / "src/lib.py", "lib v2\n")
+    cli_json(sp, proj / "src", "--store", store, "snap", "-m", "two")  # from the subdirectory
+    assert cli_json(sp, proj, "--store", store, "show", "HEAD")["workspace"]["files"] == 3
+    cli_json(sp, proj / "src", "--store", store, "rewind", one["id"])
+    assert (proj / "src/lib.py").read_text() == "lib v1\n"
+    assert sorted(p.name for p in (proj / "src").iterdir()) == ["lib.py", "notes.txt"]
+
+
+def test_a_read_only_command_on_a_missing_store_path_fails_and_creates_nothing(
+    sp: Sp, tmp_path: Path
+) -> None:
+    typo = tmp_path / "backupp" / ".stashpoint"
+    assert (
+        "no stashpoint store at" in fails(sp, tmp_path, "--store", str(typo), "verify", code=1).err
+    )
+    fails(sp, tmp_path, "--store", str(typo), "log", code=1)
+    assert not (tmp_path / "backupp").exists()

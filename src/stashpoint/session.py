@@ -9,6 +9,7 @@ took stays valid; only the parent link and the conversation log position are rec
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import json
@@ -46,7 +47,7 @@ from .model import KINDS, Checkpoint, ConversationRef, LogRef, StateRef, Workspa
 from .redact import Redactor, make_redactor
 from .retention import check_not_pruned
 from .stores.base import BlobRow, CheckpointRow, Commit, Fence, LogAppend, LogInfo, lease_held
-from .workspace import Change, RestoreStats, Workspace, check_root
+from .workspace import Change, RestoreStats, Workspace, check_root, restoring
 from .workspace.restore import RestoreBlocked
 
 if TYPE_CHECKING:
@@ -1130,6 +1131,13 @@ class Session:
         return target
 
     # -- rewind and fork ------------------------------------------------------------------
+    def _restoring(self, *, wait: bool = True) -> contextlib.AbstractContextManager[bool]:
+        """The workspace's restore lock (see :func:`stashpoint.workspace.restoring`)."""
+        if self.root is None:
+            return contextlib.nullcontext(True)
+        home = self.store.home
+        return restoring(self.root, home / "locks" if home is not None else None, wait=wait)
+
     def _journal_key(self) -> str | None:
         return f"restore-journal:{self.root}" if self.root is not None else None
 
@@ -1176,8 +1184,9 @@ class Session:
             progress=progress if captured else None,
         )
         extra = {"artifacts": {n: str(p) for n, p in plan.items()}, "captured": sorted(captured)}
-        journal = self._journal(target, safety, files=files, state=state, extra=extra)
-        result = self._finish_rewind(journal, safety, recovering=False, progress=progress)
+        with self._restoring():
+            journal = self._journal(target, safety, files=files, state=state, extra=extra)
+            result = self._finish_rewind(journal, safety, recovering=False, progress=progress)
         result.effects = effects
         if effects and compensate:
             self.durable.request_compensation(effects)
@@ -1388,6 +1397,14 @@ class Session:
         journal = json.loads(raw)
         if journal.get("session") != self.name:
             return False
+        with self._restoring(wait=False) as mine:
+            if not mine:
+                return False  # the rewind that wrote it is running now: not interrupted
+            if self.store.meta.get_meta(key) != raw:
+                return False  # it finished between our read and taking the lock
+            return self._complete(journal)
+
+    def _complete(self, journal: dict[str, Any]) -> bool:
         saved_branch = self.branch
         self.branch = journal["branch"]
         try:
@@ -1400,7 +1417,7 @@ class Session:
                 f"an interrupted rewind to {journal['target']} could not be completed ({exc}); "
                 "the workspace was put back as it was before that rewind",
                 StashpointWarning,
-                stacklevel=2,
+                stacklevel=3,
             )
         finally:
             self.branch = saved_branch
@@ -1440,18 +1457,20 @@ class Session:
             other._set_checkout(branch)
             # Journal first, then the link file: a crash while materialising is completed by
             # the next stashpoint command run inside the new directory.
-            journal = other._journal(target, None, branch=branch)
-            self._write_link_file(dest, branch)
-            other._finish_rewind(journal, None, recovering=False)
+            with other._restoring():
+                journal = other._journal(target, None, branch=branch)
+                self._write_link_file(dest, branch)
+                other._finish_rewind(journal, None, recovering=False)
             return other
         safety = None
         if self.workspace is not None and target.workspace is not None:
             safety = self.checkpoint(kind="pre-rewind", message=f"before fork to {branch}")
         self.store.meta.set_head(self.name, branch, target.id, None, fence=self.fence)
         self._set_checkout(branch)
-        journal = self._journal(target, safety, branch=branch)
-        self.branch, self._head_loaded = branch, False
-        self._finish_rewind(journal, safety, recovering=False)
+        with self._restoring():
+            journal = self._journal(target, safety, branch=branch)
+            self.branch, self._head_loaded = branch, False
+            self._finish_rewind(journal, safety, recovering=False)
         return self
 
     def _write_link_file(self, dest: Path, branch: str) -> None:

@@ -41,6 +41,9 @@ class Ctx:
 
     def _locate(self, create: bool) -> tuple[str, Path, str | None, str | None]:
         if self.store_url:
+            if not create and missing_local_store(self.store_url):
+                # Opening it would create an empty store, which `verify` would call healthy.
+                raise click.ClickException(f"no stashpoint store at {self.store_url}")
             root = Path(self.workspace or ".").resolve()
             return self.store_url, root, None, None
         start = Path(self.workspace or ".").resolve()
@@ -83,7 +86,21 @@ class Ctx:
             except UsageError:
                 workspace = None
         branch = link_branch if (link_branch and name == link_session) else None
+        if self.store_url and not self.workspace and workspace is not None:
+            workspace = self._recorded_root(store, name, branch, workspace)
         return store.session(name, workspace=workspace, branch=branch, force=self.force)
+
+    @staticmethod
+    def _recorded_root(store: Store, name: str, branch: str | None, here: Path) -> Path:
+        """With --store (or $STASHPOINT_STORE) no ``.stashpoint`` says where the workspace is:
+        run inside the directory the session's head snapshotted, that directory is it, not
+        the subdirectory the command runs in (a rewind from ``proj/src`` poured the project
+        into ``src``, deleting what was there)."""
+        head = store.session(name, branch=branch).head
+        recorded = Path(head.workspace.root) if head and head.workspace else None
+        if recorded is not None and recorded in here.parents:
+            return recorded
+        return here
 
 
 def discover(start: Path) -> tuple[str, Path, str | None, str | None] | None:
@@ -148,3 +165,13 @@ def json_option(f: Any) -> Any:
 
 def short(ident: str | None) -> str:
     return ident[:12] if ident else "-"
+
+
+def missing_local_store(url: str) -> bool:
+    """Whether ``url`` names a store on this machine's disk that does not exist yet."""
+    path = url
+    for scheme in ("sqlite://", "file://"):
+        if url.startswith(scheme):
+            path = url[len(scheme) :]
+    path = path.split("?", 1)[0]
+    return "://" not in path and not Path(path).expanduser().exists()

@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 import click
 
 from ..errors import EncryptionKeyError
 from . import cli
-from ._app import Ctx, emit, json_option
+from ._app import Ctx, emit, json_option, missing_local_store
 from ._progress import ByteProgress
 from .bundles import _size
 
@@ -21,12 +20,7 @@ pass_ctx = click.make_pass_decorator(Ctx)
 
 def _existing(url: str) -> str:
     """A source that is a path must exist: opening it would create an empty store."""
-    path = url
-    for scheme in ("sqlite://", "file://"):
-        if url.startswith(scheme):
-            path = url[len(scheme) :]
-    path = path.split("?", 1)[0]
-    if "://" not in path and not Path(path).expanduser().exists():
+    if missing_local_store(url):
         raise click.UsageError(f"no store at {url}")
     return url
 

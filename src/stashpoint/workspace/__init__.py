@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import stat
+from collections.abc import Iterator
 from pathlib import Path
 
 from ..blobs.objects import Blobs
@@ -17,7 +19,52 @@ from .statcache import StatCache, load_shared, save_later
 from .tree import Change, TreeReader, shared_reader
 from .watch import Watcher, watch_supported
 
-__all__ = ["Change", "RestoreStats", "ScanResult", "TreeReader", "Workspace", "check_root"]
+__all__ = [
+    "Change",
+    "RestoreStats",
+    "ScanResult",
+    "TreeReader",
+    "Workspace",
+    "check_root",
+    "restoring",
+]
+
+
+@contextlib.contextmanager
+def restoring(root: Path, lock_dir: Path | None, *, wait: bool = True) -> Iterator[bool]:
+    """Hold the workspace's restore lock while a rewind or fork writes into it; yields
+    whether it is held. ``wait=False`` (completing an interrupted restore) does not wait: a
+    restore that holds it is alive, not interrupted, and its journal and temp files are its
+    own. Best effort: where no lock file can be made, restores are not serialised.
+
+    The lock file lives beside the store (``lock_dir``), else in the user's cache directory,
+    named by the workspace root, never in the workspace itself."""
+    import fcntl
+
+    if lock_dir is None:
+        base = os.environ.get("XDG_CACHE_HOME") or os.path.join(Path.home(), ".cache")
+        lock_dir = Path(base) / "stashpoint" / "locks"
+    name = hashlib.sha256(os.fsencode(root)).hexdigest()[:32]
+    try:
+        lock_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+        fd = os.open(
+            lock_dir / f"restore-{name}.lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600
+        )
+    except OSError:
+        yield True
+        return
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX if wait else fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            yield False
+            return
+        except OSError:
+            yield True  # a file system without locks
+            return
+        yield True
+    finally:
+        os.close(fd)
 
 
 def check_root(root: Path, *, force: bool = False) -> Path:
