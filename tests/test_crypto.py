@@ -19,8 +19,9 @@ from typing import Any
 import pytest
 
 import stashpoint
-from stashpoint.crypto import Cipher, parse_key
+from stashpoint.crypto import Cipher, key_from_env, parse_key
 from stashpoint.errors import EncryptionKeyError, IntegrityError, UsageError
+from stashpoint.session import StashpointWarning
 from stashpoint.stores.base import MetadataStore
 from stashpoint.testing.conformance import MetadataStoreConformance
 
@@ -162,6 +163,7 @@ def test_key_from_env_and_key_file(tmp_path: Path, monkeypatch: pytest.MonkeyPat
     monkeypatch.delenv("STASHPOINT_KEY")
     keyfile = tmp_path / "k"
     keyfile.write_bytes(KEY)  # raw 32 bytes; hex and base64 work too
+    keyfile.chmod(0o600)
     monkeypatch.setenv("STASHPOINT_KEY_FILE", str(keyfile))
     with stashpoint.open(tmp_path / "st") as store:
         assert store.session().state() == {"x": 1}
@@ -175,6 +177,61 @@ def test_key_formats() -> None:
     assert parse_key(base64.urlsafe_b64encode(KEY).decode()) == KEY
     with pytest.raises(UsageError, match="32 random bytes"):
         parse_key("abcd")
+
+
+def test_key_file_takes_the_same_keys_as_the_env_var(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The key file stripped whitespace, then took any 32-byte result as a raw key: 16 bytes in
+    # hex, a 32-character passphrase or base64 of 24 bytes all made a store.
+    import base64
+
+    keyfile = tmp_path / "k"
+    monkeypatch.setenv("STASHPOINT_KEY_FILE", str(keyfile))
+    weak = {
+        "short hex": os.urandom(16).hex() + "\n",
+        "passphrase": "password1234password1234password\n",
+        "base64 of 24 bytes": base64.b64encode(os.urandom(24)).decode() + "\n",
+        "31 chars": "password1234password1234passwo\n",  # 32 bytes with its newline
+        "32 chars unterminated": "password1234password1234password",
+    }
+    for what, text in weak.items():
+        keyfile.write_text(text)
+        keyfile.chmod(0o600)
+        with pytest.raises(UsageError, match=f"STASHPOINT_KEY_FILE {keyfile}: not a key"):
+            key_from_env()
+        with pytest.raises(UsageError, match="STASHPOINT_KEY: not a key"):
+            parse_key(text.strip())
+        with pytest.raises(UsageError, match="STASHPOINT_KEY_FILE"):
+            stashpoint.open(tmp_path / what)
+        assert not (tmp_path / what).exists()  # no store was made with it
+    keyfile.write_bytes(KEY + b"\n")  # raw bytes are taken only as written
+    with pytest.raises(UsageError, match="STASHPOINT_KEY_FILE"):
+        key_from_env()
+    unpadded = base64.urlsafe_b64encode(KEY).decode().rstrip("=")
+    for good in (KEY, f"  {KEY_HEX}\n".encode(), f"{unpadded}\n".encode()):
+        keyfile.write_bytes(good)
+        assert key_from_env() == KEY
+        assert parse_key(good) == KEY
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    keyfile.write_text(weak["short hex"])
+    keyfile.chmod(0o600)
+    res = _run(ws, "snap", key=None, STASHPOINT_KEY_FILE=str(keyfile))
+    assert res.returncode == 1 and f"STASHPOINT_KEY_FILE {keyfile}: not a key" in res.stderr
+
+
+def test_a_key_file_other_users_can_read_draws_a_warning(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    keyfile = tmp_path / "k"
+    keyfile.write_text(KEY_HEX + "\n")
+    monkeypatch.setenv("STASHPOINT_KEY_FILE", str(keyfile))
+    keyfile.chmod(0o644)
+    with pytest.warns(StashpointWarning, match="chmod 600"):
+        assert key_from_env() == KEY
+    keyfile.chmod(0o600)
+    assert key_from_env() == KEY  # warnings are errors in this suite: none here
 
 
 def test_key_for_a_plaintext_store_with_data_is_refused(tmp_path: Path) -> None:

@@ -317,3 +317,126 @@ def test_dataclasses_and_pydantic_models_are_walked_and_copied() -> None:
     assert msg.content.startswith("got ghp_") and call.api_key == "plain-looking"  # not mutated
     clean = Msg(role="user", content="nothing here")
     assert Redactor()(clean) is clean  # unchanged objects are not copied
+
+
+def test_sets_slots_dataclasses_and_pydantic_extra_fields_are_walked(tmp_path: Path) -> None:
+    # The walker skipped sets and frozensets, dataclasses with slots=True (no __dict__) and
+    # the fields a pydantic model keeps in __pydantic_extra__: serde stored all of them whole.
+    import copy
+    import dataclasses
+
+    from pydantic import BaseModel, ConfigDict
+
+    @dataclasses.dataclass(slots=True, frozen=True)
+    class Slotted:
+        text: str
+        api_key: str
+
+    class Loose(BaseModel):
+        model_config = ConfigDict(extra="allow")
+        role: str
+
+    stashpoint.register_type(Slotted, "tests.redact.Slotted")
+    stashpoint.register_type(Loose, "tests.redact.Loose")
+    s = secrets()
+    state = {
+        "set": {f"saw {s['openai']}", "plain"},
+        "frozen": frozenset({(f"tuple {s['github']}",)}),
+        "slots": Slotted(f"pasted {s['slack']}", "plain-looking"),
+        "extra": Loose(role="tool", content=f"got {s['google']}", nested={"password": "pw1"}),
+    }
+    before = copy.deepcopy(state)
+    out = Redactor()(state)
+    assert state == before, "the caller's objects are not mutated"
+    assert type(out["set"]) is set and out["set"] == {"saw [REDACTED:openai]", "plain"}
+    assert type(out["frozen"]) is frozenset
+    assert out["frozen"] == frozenset({("tuple [REDACTED:github]",)})
+    assert out["slots"] == Slotted("pasted [REDACTED:slack]", "[REDACTED:field]")
+    assert type(out["extra"]) is Loose and out["extra"].role == "tool"
+    assert out["extra"].model_extra == {
+        "content": "got [REDACTED:google]",
+        "nested": {"password": "[REDACTED:field]"},
+    }
+    assert state["extra"].model_extra["content"].startswith("got AIza")  # not mutated
+    clean = {"s": {"a"}, "f": frozenset({"b"}), "l": Loose(role="u", x="y")}
+    assert Redactor()(clean)["s"] is clean["s"] and Redactor()(clean) == clean
+
+    with stashpoint.open(tmp_path / "st") as store:
+        run = store.session("main")
+        cp = run.checkpoint(state)
+        assert run.state(cp.id) == out
+    raw = _store_bytes(tmp_path / "st")
+    for name in ("openai", "github", "slack", "google"):
+        assert s[name].encode() not in raw, name
+    assert b"plain-looking" not in raw and b"pw1" not in raw
+
+
+def test_secret_key_names_in_every_spelling_and_non_string_values(tmp_path: Path) -> None:
+    # Hyphens, no separator (PGPASSWORD), camelCase were missed, and only string values
+    # under a secret key were replaced: a list or dict under "password" was stored.
+    import dataclasses
+
+    from pydantic import BaseModel
+
+    secret_named = {
+        "X-Api-Key": "hunter2-xapikey",
+        "api-key": "hunter2-apidash",
+        "PGPASSWORD": "hunter2-pg",
+        "clientSecret": "hunter2-client",
+        "githubToken": "hunter2-camel",
+        "openaiApiKey": "hunter2-camelkey",
+        "Set-Cookie": "session=hunter2-cookie",
+        "credentials": {"user": "u", "pw": "hunter2-credsdict"},
+        "password": ["hunter2-pwlist"],
+        "secrets": {"OPENAI": "hunter2-secrets"},
+        "db_password": 123456,
+    }
+    harmless: dict[str, Any] = {
+        "max_tokens": 512,
+        "token_count": 3,
+        "tokens": ["a", "b"],
+        "passwords_checked": 2,
+        "keyboard": "qwerty",
+        "monkey": "george",
+        "primary_key": "id",
+        "nextPageToken": "page-2-cursor",
+        "NextToken": "aws-cursor",
+        "eos_token": "</s>",
+        "max_token": 256,
+        "token": {"id": 15043, "text": "Hello"},  # an LLM's text token, not a credential
+        "password": None,
+        "has_password": True,
+        "api_key": "",
+    }
+    r = Redactor()
+    out = r({"env": secret_named, "cfg": harmless})
+    assert out["env"] == dict.fromkeys(secret_named, "[REDACTED:field]")
+    assert out["cfg"] is harmless
+    assert r(out) == out  # idempotent
+
+    # In a model's attribute the shape is kept: the model must validate when restored.
+    class Conn(BaseModel):
+        host: str
+        credentials: dict[str, str]
+        passwords: list[str] = []
+        api_keys: list[str] = []
+
+    @dataclasses.dataclass
+    class Job:
+        name: str
+        secret: list[str]
+
+    stashpoint.register_type(Conn, "tests.redact.Conn")
+    stashpoint.register_type(Job, "tests.redact.Job")
+    conn = Conn(host="db", credentials={"user": "hunter2-u", "pw": "hunter2-modeldict"})
+    job = Job("nightly", ["hunter2-dclist"])
+    with stashpoint.open(tmp_path / "st") as store:
+        run = store.session("main")
+        cp = run.checkpoint({"env": secret_named, "cfg": harmless, "conn": conn, "job": job})
+        got = run.state(cp.id)
+    assert got["env"] == out["env"] and got["cfg"] == harmless
+    mark = "[REDACTED:field]"
+    assert got["conn"] == Conn(host="db", credentials={"user": mark, "pw": mark})
+    assert got["job"] == Job("nightly", [mark])
+    assert conn.credentials["pw"] == "hunter2-modeldict" and job.secret == ["hunter2-dclist"]
+    assert b"hunter2" not in _store_bytes(tmp_path / "st")

@@ -26,6 +26,7 @@ from __future__ import annotations
 import base64
 import binascii
 import os
+import re
 import secrets
 from pathlib import Path
 
@@ -48,6 +49,8 @@ _KEY_ID_LEN = 8
 _NONCE_LEN = 12
 _HEADER_LEN = len(MAGIC) + _KEY_ID_LEN + _NONCE_LEN
 _TAG_LEN = 16
+_TEXT = re.compile(rb"[\x20-\x7e\t\n\r\f\v]*")
+"""Printable ASCII and whitespace: 32 bytes of it are typed text, not a raw random key."""
 
 
 def _import_aead() -> tuple[type, type, type]:
@@ -116,44 +119,71 @@ class Cipher:
 
 
 def parse_key(text: str | bytes, source: str = KEY_ENV) -> bytes:
-    """A 32-byte key from 64 hex digits, base64 (standard or URL-safe), or 32 raw bytes."""
+    """A 32-byte key from 64 hex digits or base64 of 32 bytes (standard or URL-safe, padding
+    optional), surrounding whitespace allowed; as ``bytes``, also exactly 32 raw bytes.
+
+    One rule for ``$STASHPOINT_KEY`` and ``$STASHPOINT_KEY_FILE``. Raw bytes are taken only as
+    written (nothing stripped) and never when they are printable text: a 32-character
+    passphrase, or 16 bytes in hex with its newline stripped, is not 32 random bytes.
+    """
     if isinstance(text, bytes):
-        if len(text) == 32:
+        if len(text) == 32 and _TEXT.fullmatch(text) is None:
             return text
         try:
             text = text.decode("ascii")
         except UnicodeDecodeError:
-            raise UsageError(f"{source}: a key is 32 bytes, hex or base64") from None
+            raise UsageError(
+                f"{source}: not a key: {len(text)} bytes, neither 32 raw bytes nor text "
+                "(a key is 32 random bytes, raw or written as 64 hex digits or base64)"
+            ) from None
     text = text.strip()
     if len(text) == 64:
         try:
             return bytes.fromhex(text)
         except ValueError:
             pass
+    b64 = text.replace("-", "+").replace("_", "/")
     try:
-        raw = base64.b64decode(text.replace("-", "+").replace("_", "/"), validate=True)
+        raw = base64.b64decode(b64 + "=" * (-len(b64) % 4), validate=True)
     except (binascii.Error, ValueError):
         raw = b""
     if len(raw) != 32:
         raise UsageError(
-            f"{source}: a key is 32 random bytes written as 64 hex digits or base64 "
-            "(make one with `stashpoint init --new-key FILE`)"
+            f"{source}: not a key ({len(text)} characters): a key is 32 random bytes written as "
+            "64 hex digits or base64 (make one with `stashpoint init --new-key FILE`)"
         )
     return raw
 
 
 def key_from_env() -> bytes | None:
-    """The key named by ``$STASHPOINT_KEY`` or ``$STASHPOINT_KEY_FILE``, if either is set."""
+    """The key named by ``$STASHPOINT_KEY`` or ``$STASHPOINT_KEY_FILE``, if either is set.
+
+    A key file readable or writable by group or others draws a warning (chmod 600 it).
+    """
     value = os.environ.get(KEY_ENV)
     if value:
         return parse_key(value, KEY_ENV)
     path = os.environ.get(KEY_FILE_ENV)
     if path:
         try:
-            data = Path(path).expanduser().read_bytes()
+            with Path(path).expanduser().open("rb") as f:
+                mode = os.fstat(f.fileno()).st_mode
+                data = f.read()
         except OSError as exc:
             raise UsageError(f"{KEY_FILE_ENV}: cannot read {path}: {exc.strerror}") from exc
-        return parse_key(data if len(data) == 32 else data.strip(), f"{KEY_FILE_ENV} {path}")
+        key = parse_key(data, f"{KEY_FILE_ENV} {path}")
+        if os.name == "posix" and mode & 0o077:
+            import warnings
+
+            from .session import StashpointWarning
+
+            warnings.warn(
+                f"{KEY_FILE_ENV} {path} is accessible to other users (mode "
+                f"{mode & 0o777:o}); restrict it with `chmod 600 {path}`",
+                StashpointWarning,
+                stacklevel=2,
+            )
+        return key
     return None
 
 

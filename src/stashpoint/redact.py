@@ -15,10 +15,13 @@ false``; add patterns with ``redact={"name": r"regex"}`` or ``[tool.stashpoint]
 redact_patterns = {name = "regex"}`` (a ``(?P<secret>...)`` group limits the replacement to that
 part); pass any callable ``value -> value`` to redact your own way.
 
-What is walked: str, dict (keys kept; values under keys named like password / secret / token /
-api_key are replaced whole), list, tuple, and the fields of dataclasses and pydantic models
+What is walked: str, dict (keys kept), list, tuple, set, frozenset, and the fields of
+dataclasses (``slots=True`` too) and pydantic models, ``extra="allow"`` fields included
 (LangChain messages are pydantic models): a changed one is a copy (``model_copy``), never the
-caller's object mutated. Other values (bytes, numbers, other objects) pass unchanged.
+caller's object mutated. A value under a key named like password / secret / token / api_key
+(``PGPASSWORD``, ``X-Api-Key``, ``clientSecret`` too; see :data:`SECRET_KEYS`) is replaced
+whole, a list or dict as well as a string; in a model's attribute, every string inside it.
+Other values (bytes, numbers, other objects) pass unchanged.
 """
 
 from __future__ import annotations
@@ -68,16 +71,40 @@ _TRIGGERS: dict[str, tuple[str, ...]] = {
 """Substrings without which a default pattern cannot match: a substring test (C speed) skips
 the regex for almost every string."""
 
+_SEP = r"[_\-. ]?"
 SECRET_KEYS = re.compile(
-    r"(?i)^(?:.*[_\-.])?(?:password|passwd|passphrase|secret|client_secret|secret_?key|"
-    r"token|access_?token|refresh_?token|id_?token|auth_?token|session_?token|api_?key|"
-    r"apikey|private_?key|access_?key|credentials?|authorization|cookie)$"
+    r"(?i)^(?!.*(?:next|page|continuation|max|min|num|eos|bos|pad|unk|sep|cls|mask)"
+    rf"{_SEP}token$)"
+    rf".*(?:password|passwd|passphrase|secrets?|token|api{_SEP}key|secret{_SEP}key|"
+    rf"private{_SEP}key|access{_SEP}key|credentials?|authorization|cookie)$"
 )
-"""Dict keys whose string values are secrets, whatever they look like."""
+"""Keys whose values are secrets, whatever they look like: the keyword ends the key, after any
+prefix (``PGPASSWORD``, ``X-Api-Key``, ``clientSecret``, ``githubToken``), so ``tokens``,
+``token_count``, ``max_tokens`` or ``passwords_checked`` do not match; pagination cursors
+(``nextPageToken``) and tokenizer settings (``eos_token``, ``max_token``) are not secrets."""
+
+_MARK = "[REDACTED:field]"
 
 
 _LEAVES = frozenset({int, float, bool, type(None), bytes, bytearray, complex})
 """Types that hold no text: returned as they are, without a look inside."""
+
+
+def _hides(value: Any) -> bool:
+    """Whether a value under a secret-named key can hold a secret (not None, a flag or empty)."""
+    if value is None or type(value) is bool:
+        return False
+    try:
+        return len(value) > 0
+    except TypeError:
+        return True
+
+
+def _rebuilt(value: Any, items: list[Any]) -> Any:
+    """``value`` (list, tuple, set, frozenset) itself if no item changed, else a new one."""
+    if all(a is b for a, b in zip(items, value, strict=True)):
+        return value
+    return items if type(value) is list else type(value)(items)
 
 
 class RedactorFn(Protocol):
@@ -122,41 +149,96 @@ class Redactor:
         if t is dict:
             changed = self._changes(value, depth)
             return {**value, **changed} if changed else value
-        if t is list or t is tuple:
-            items = [self._walk(x, depth + 1) for x in value]
-            if all(a is b for a, b in zip(items, value, strict=True)):
-                return value
-            return items if t is list else tuple(items)
-        fields = getattr(value, "__dict__", None)
-        if type(fields) is not dict:
-            return value
+        if t is list or t is tuple or t is set or t is frozenset:
+            return _rebuilt(value, [self._walk(x, depth + 1) for x in value])
         if getattr(t, "__pydantic_fields__", None) is not None:  # a pydantic v2 model
-            changed = self._changes(fields, depth)
-            return value.model_copy(update=changed) if changed else value
-        if dataclasses.is_dataclass(t):
-            changed = self._changes(fields, depth)
-            if not changed:
-                return value
-            out = copy.copy(value)
-            for k, v in changed.items():
-                object.__setattr__(out, k, v)  # frozen dataclasses too
-            return out
+            return self._model(value, depth)
+        if dataclasses.is_dataclass(t):  # slots=True too: no __dict__, fields are what serde keeps
+            return self._dataclass(value, depth)
         return value
 
-    def _changes(self, fields: Mapping[Any, Any], depth: int) -> dict[Any, Any]:
-        """The scrubbed values of the fields that changed (dict items, model attributes)."""
+    def _attrs(self, attrs: Mapping[Any, Any], depth: int, mark: bool) -> dict[Any, Any]:
+        """The changed attributes of an object (``mark``: it sits under a secret key)."""
+        if not mark:
+            return self._changes(attrs, depth, whole=False)
+        return {k: c for k, v in attrs.items() if (c := self._mark(v, depth + 1)) is not v}
+
+    def _model(self, value: Any, depth: int, mark: bool = False) -> Any:
+        """A pydantic model: its declared fields and its ``extra="allow"`` ones, in a copy."""
+        fields = getattr(value, "__dict__", None)
+        changed = self._attrs(fields, depth, mark) if type(fields) is dict else {}
+        extra: Any = getattr(value, "__pydantic_extra__", None)
+        extra_changed = self._attrs(extra, depth, mark) if type(extra) is dict else {}
+        if not changed and not extra_changed:
+            return value
+        out = value.model_copy(update=changed)  # shallow: a new __dict__, the caller's is kept
+        if extra_changed:
+            object.__setattr__(out, "__pydantic_extra__", {**extra, **extra_changed})
+        return out
+
+    def _dataclass(self, value: Any, depth: int, mark: bool = False) -> Any:
+        """A dataclass (``slots=True`` too: no ``__dict__``): its fields, what serde stores."""
+        unset = object()
+        fields = {f.name: getattr(value, f.name, unset) for f in dataclasses.fields(value)}
+        changed = self._attrs({k: v for k, v in fields.items() if v is not unset}, depth, mark)
+        if not changed:
+            return value
+        out = copy.copy(value)
+        for k, v in changed.items():
+            object.__setattr__(out, k, v)  # frozen dataclasses too
+        return out
+
+    def _changes(
+        self, fields: Mapping[Any, Any], depth: int, *, whole: bool = True
+    ) -> dict[Any, Any]:
+        """The scrubbed values of the fields that changed (dict items, model attributes).
+
+        A value under a secret-named key is replaced: a string by the marker; in a dict
+        (``whole``) any other value too (a list, a dict, a number), except under a bare
+        ``token`` (LLM APIs use it for text tokens: ``{"token": {"id": 1, "text": "Hi"}}``);
+        in a model's or dataclass's attribute, every string inside it, keeping its shape (the
+        model must still validate when the checkpoint is restored). None, flags and empty
+        values are kept: they hide nothing."""
         out: dict[Any, Any] = {}
         for k, v in fields.items():
-            if self.keys and type(v) is str and v and type(k) is str and self._secret_key(k):
+            if not (self.keys and type(k) is str and _hides(v) and self._secret_key(k)):
+                conv = self._walk(v, depth + 1)
+            elif type(v) is str:
                 if v.startswith("[REDACTED:"):
                     continue
-                conv: Any = "[REDACTED:field]"
+                conv = _MARK
                 self.counts["field"] += 1
-            else:
+            elif not whole:
+                conv = self._mark(v, depth + 1)
+            elif k.lower() == "token":
                 conv = self._walk(v, depth + 1)
+            else:
+                conv = _MARK
+                self.counts["field"] += 1
             if conv is not v:
                 out[k] = conv
         return out
+
+    def _mark(self, value: Any, depth: int) -> Any:
+        """``value`` with every non-empty string inside it replaced by the marker."""
+        t = type(value)
+        if t is str:
+            if not value or value.startswith("[REDACTED:"):
+                return value
+            self.counts["field"] += 1
+            return _MARK
+        if t in _LEAVES or depth > 200:
+            return value
+        if t is dict:
+            changed = {k: c for k, v in value.items() if (c := self._mark(v, depth + 1)) is not v}
+            return {**value, **changed} if changed else value
+        if t is list or t is tuple or t is set or t is frozenset:
+            return _rebuilt(value, [self._mark(x, depth + 1) for x in value])
+        if getattr(t, "__pydantic_fields__", None) is not None:
+            return self._model(value, depth, mark=True)
+        if dataclasses.is_dataclass(t):
+            return self._dataclass(value, depth, mark=True)
+        return value
 
     def _secret_key(self, key: str) -> bool:
         hit = self._key_cache.get(key)
