@@ -7,8 +7,10 @@ caught."""
 from __future__ import annotations
 
 import json
+import shlex
 import sys
 import textwrap
+from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -93,3 +95,45 @@ def test_the_fixture_catches_output_that_is_not_deterministic(
     )
     assert not report.ok and not any(r.same_result for r in report.runs)
     assert "different result" in report.summary()
+
+
+WRAPPED_AGENT = """
+import os, sys, time
+import stashpoint
+
+store = stashpoint.open(".stashpoint")
+run = store.session("main")
+
+@run.step
+def work(i):
+    time.sleep(0.4)
+    return i * i
+
+value = run.run(lambda: [work(i) for i in range(4)]).value
+with open(sys.argv[1], "a") as f:  # outside the scenario's copy: one line per finished process
+    f.write(os.path.basename(os.getcwd()) + "\\n")
+print(value)
+"""
+
+
+def test_a_random_kill_reaches_the_agent_behind_a_wrapper(
+    stashpoint_chaos: Callable[..., ChaosReport], tmp_path: Path
+) -> None:
+    """`sh -c 'python agent.py; true'`: the kill must take the agent down, not only the shell
+    (which left the agent to run to the end while the run counted as killed and recovered)."""
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "agent.py").write_text(textwrap.dedent(WRAPPED_AGENT))
+    finished = tmp_path / "finished.log"
+    line = f"{shlex.quote(sys.executable)} agent.py {shlex.quote(str(finished))}; true"
+    report = stashpoint_chaos(
+        ["sh", "-c", line], source=src, boundaries=False, random_runs=2, seed=5
+    )
+    assert report.ok, report.summary()
+    assert [r.killed for r in report.runs] == [True, True]
+    # each scenario's agent finished once: in the resumed process, never in the killed one
+    per_scenario = Counter(finished.read_text().split())
+    assert per_scenario == {
+        "reference": 1,
+        **{r.scenario.replace(" ", "-"): 1 for r in report.runs},
+    }

@@ -18,6 +18,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from .conftest import STASHPOINT, Result, snapshot_tree
 
 Sp = Callable[..., Result]
@@ -517,3 +519,74 @@ def test_a_hook_hands_the_daily_upkeep_to_a_background_process(sp: Sp, tmp_path:
             break
         time.sleep(0.2)
     assert len(pruned) == 4 and head is not None and head.id not in pruned, pruned
+
+
+def test_install_and_uninstall_write_through_a_symlinked_settings_file(
+    sp: Sp, tmp_path: Path
+) -> None:
+    """Settings kept in a dotfiles repository and linked into place: install and uninstall
+    change the linked file, and the link stays a link (it was replaced by a copy)."""
+    ws = project(tmp_path / "proj")
+    dotfiles = tmp_path / "dotfiles"
+    mine = {"model": "opus", "hooks": {"Stop": [{"hooks": [{"type": "command", "command": "x"}]}]}}
+    write(dotfiles / "claude" / "settings.json", json.dumps(mine))
+    (dotfiles / "claude" / "settings.json").chmod(0o600)
+    link = tmp_path / ".claude" / "settings.json"
+    link.parent.mkdir()
+    link.symlink_to(Path("..") / "dotfiles" / "claude" / "settings.json")  # relative, as usual
+
+    sp("hooks", "install", "claude-code", "--scope", "user", "--no-snapshot", cwd=ws)
+    assert link.is_symlink() and os.readlink(link) == "../dotfiles/claude/settings.json"
+    target = dotfiles / "claude" / "settings.json"
+    data = json.loads(target.read_text())
+    assert data["model"] == "opus" and installed_command(target, "Stop")
+    assert target.stat().st_mode & 0o777 == 0o600
+    assert [p.name for p in link.parent.iterdir()] == ["settings.json"]  # no temp file left
+    first = target.read_text()
+    again = sp("hooks", "install", "claude-code", "--scope", "user", "--no-snapshot", cwd=ws)
+    assert "already installed" in again.out and target.read_text() == first
+
+    sp("hooks", "uninstall", "claude-code", "--scope", "user", cwd=ws)
+    assert link.is_symlink() and json.loads(target.read_text()) == mine
+
+    # aider's file; one that only held our block is emptied through the link, not unlinked
+    write(dotfiles / "aider.conf.yml", "")
+    (ws / ".aider.conf.yml").symlink_to(dotfiles / "aider.conf.yml")
+    sp("hooks", "install", "aider", "--no-snapshot", cwd=ws)
+    assert (ws / ".aider.conf.yml").is_symlink()
+    assert "hooks run aider" in (dotfiles / "aider.conf.yml").read_text()
+    out = json.loads(sp("hooks", "uninstall", "aider", "--json", cwd=ws).out)
+    assert out["removed"] == 1 and not out["deleted"]
+    assert (ws / ".aider.conf.yml").is_symlink() and (dotfiles / "aider.conf.yml").read_text() == ""
+
+
+def test_a_hook_budget_of_inf_is_a_long_budget_not_a_failure(tmp_path: Path) -> None:
+    """STASHPOINT_HOOK_TIMEOUT=inf (or 1e300) overflowed the interval timer: every hook failed."""
+    ws = project(tmp_path / "proj")
+    command = f"{shlex.join(STASHPOINT)} hooks run claude-code"
+    payload = {"session_id": "s", "hook_event_name": "Stop", "cwd": str(ws)}
+    for budget in ("inf", "1e300"):
+        write(ws / "notes.txt", f"changed under budget {budget}\n")
+        run_hook(command, ws, hook_env(tmp_path, STASHPOINT_HOOK_TIMEOUT=budget), payload)
+        log = ws / ".stashpoint" / "hooks.log"
+        if not log.exists():  # failed before it found the store: logged in the state directory
+            log = tmp_path / ".local" / "state" / "stashpoint" / "hooks.log"
+        last = log.read_text().splitlines()[-1]
+        assert "FAILED" not in last and " created " in last, last
+
+
+def test_a_hook_keeps_library_logging_off_stderr(tmp_path: Path) -> None:
+    """A PostgreSQL store that cannot be reached: psycopg_pool logs each failed attempt, which
+    Python prints on stderr when no logging is configured. A hook prints nothing: those lines
+    go to hooks.log, under the hook's own line."""
+    pytest.importorskip("psycopg_pool")
+    ws = project(tmp_path / "proj")
+    command = f"{shlex.join(STASHPOINT)} hooks run claude-code"
+    payload = {"session_id": "s", "hook_event_name": "Stop", "cwd": str(ws)}
+    env = hook_env(
+        tmp_path, STASHPOINT_STORE="postgresql://127.0.0.1:1/x", STASHPOINT_HOOK_TIMEOUT="3"
+    )
+    proc = run_hook(command, ws, env, payload)
+    assert proc.stderr == ""
+    log = (tmp_path / ".local" / "state" / "stashpoint" / "hooks.log").read_text()
+    assert "FAILED StoreError" in log and "log warning psycopg.pool: error connecting" in log

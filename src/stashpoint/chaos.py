@@ -113,18 +113,24 @@ class _Scenario:
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
+            # its own process group: a kill reaches the agent behind a wrapper (`sh -c`, a
+            # launcher script, `uv run`) and whatever else the command started, not just
+            # the process at the top
+            start_new_session=True,
         )
         try:
             out, err = proc.communicate(
                 timeout=kill_after if kill_after is not None else self.timeout
             )
         except subprocess.TimeoutExpired:
-            if kill_after is None:
-                proc.kill()
-                proc.communicate()
-                raise RuntimeError(f"the agent ran longer than {self.timeout:g} s") from None
-            proc.send_signal(signal.SIGKILL)
+            _kill_group(proc)
             out, err = proc.communicate()
+            if kill_after is None:
+                raise RuntimeError(f"the agent ran longer than {self.timeout:g} s") from None
+        except BaseException:  # Ctrl-C no longer reaches its own session: take it down too
+            _kill_group(proc)
+            proc.wait()
+            raise
         if proc.returncode == -signal.SIGKILL:
             self.run.killed = True
         self.stderr = err
@@ -173,6 +179,19 @@ class _Scenario:
             elif kind == "EXEC" and slot in recorded:
                 out.append(f"#{slot} {name}")
         return out
+
+
+def _kill_group(proc: subprocess.Popen[str]) -> None:
+    """SIGKILL the process group ``proc`` leads (its own session): all of it at once. Only
+    while ``proc`` is not reaped yet: until then its pid, the group's id, cannot be reused."""
+    if proc.returncode is not None:
+        return
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:  # the whole group has exited already
+        pass
+    except PermissionError:  # pragma: no cover - a member changed its uid: the leader at least
+        proc.kill()
 
 
 def run_chaos(

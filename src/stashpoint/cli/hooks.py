@@ -16,12 +16,13 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 import re
 import signal
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -212,16 +213,35 @@ def _add_json_hooks(data: dict[str, Any], agent: str, command: str) -> None:
 
 
 def _write_atomic(path: Path, text: str) -> None:
-    """Temp file + rename: an agent reading its settings never sees half a file."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    mode = path.stat().st_mode & 0o777 if path.exists() else 0o644
-    tmp = path.with_name(f".{path.name}.stashpoint-tmp")
+    """Temp file + rename: an agent reading its settings never sees half a file. A symlinked
+    settings file (``~/.claude/settings.json`` -> a dotfiles repository) is written through:
+    the link stays, its target is replaced atomically, in the target's own directory."""
+    target = _link_target(path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    mode = target.stat().st_mode & 0o777 if target.exists() else 0o644
+    tmp = target.with_name(f".{target.name}.stashpoint-tmp")
     with open(tmp, "w", encoding="utf-8") as f:
         f.write(text)
         f.flush()
         os.fsync(f.fileno())
     os.chmod(tmp, mode)
-    os.replace(tmp, path)
+    os.replace(tmp, target)
+
+
+def _link_target(path: Path) -> Path:
+    """The file ``path`` stands for: itself, or the end of its chain of symlinks."""
+    return Path(os.path.realpath(path)) if path.is_symlink() else path
+
+
+def _remove_config(path: Path, empty: str) -> bool:
+    """Delete a settings file that only held our hooks (True); a symlinked one is left in place
+    with ``empty`` written through it instead, so that the user's link (and its target, which
+    another machine may share) keeps existing (False)."""
+    if path.is_symlink():
+        _write_atomic(path, empty)
+        return False
+    path.unlink()
+    return True
 
 
 def _dump_json(data: dict[str, Any]) -> str:
@@ -460,20 +480,18 @@ def uninstall(ctx: Ctx, agent: str, scope: str | None) -> None:
             old = path.read_text(encoding="utf-8")
             new, removed = _AIDER_BLOCK.subn("", old)
             if removed:
-                deleted = not new.strip()
-                if deleted:
-                    path.unlink()
-                else:
+                if new.strip():
                     _write_atomic(path, new)
+                else:
+                    deleted = _remove_config(path, new)
         else:
             data = _read_json_object(path)
             removed = _remove_json_hooks(data, agent)
             if removed:
-                deleted = not data
-                if deleted:
-                    path.unlink()
-                else:
+                if data:
                     _write_atomic(path, _dump_json(data))
+                else:
+                    deleted = _remove_config(path, _dump_json(data))
     human = (
         f"{agent}: removed stashpoint's hooks from {path}"
         + (" (now empty: deleted)" if deleted else "")
@@ -587,6 +605,13 @@ def run(ctx: Ctx, agent: str, args: tuple[str, ...], then: str | None) -> None:
 
     started = time.monotonic()
     hook = _HookRun(ctx, agent)
+    # Library logging (psycopg_pool retrying a connection ...) would reach stderr through
+    # Python's last-resort handler: into hooks.log instead, until the command has closed
+    # the store (callbacks run last-registered first, and the store's is registered later).
+    # Only for a server's store: a local one logs nothing, and a hook imports no logging.
+    url = ctx.store_url or ""
+    if "://" in url and not url.startswith(("sqlite://", "file://", "memory://")):
+        click.get_current_context().call_on_close(_capture_logging(hook))
     try:
         with _time_budget(_budget_seconds()):
             hook.snapshot(args)
@@ -606,6 +631,54 @@ BUDGET_S = 30.0
 """How long a hook may take before it gives up (``STASHPOINT_HOOK_TIMEOUT``; 0: no limit).
 Below the agents' own hook timeouts (Claude Code: 60 s), so a store held by a garbage
 collection or a stuck writer costs the agent a logged, skipped snapshot, not a killed hook."""
+MAX_BUDGET_S = 3600.0
+"""The most ``STASHPOINT_HOOK_TIMEOUT`` is taken to mean (``inf`` or ``1e300`` included): far
+beyond any agent's hook timeout, and within what the interval timer accepts."""
+LOG_CAPTURE_MAX = 50
+"""Library log records kept per hook run (a retrying connection pool repeats itself)."""
+
+
+def _capture_logging(hook: _HookRun) -> Callable[[], None]:
+    """Route every log record (the root logger, and the last-resort handler that a logger
+    which does not propagate falls back to) to the hook's log; the function that undoes it."""
+    import logging
+
+    class _LogCapture(logging.Handler):
+        """Library log records of one hook run: lines of its hooks.log entry while it runs, then
+        appended to hooks.log directly (records emitted while the store closes)."""
+
+        def __init__(self, hook: _HookRun) -> None:
+            super().__init__(logging.WARNING)
+            self.hook = hook
+            self.kept = 0
+
+        def emit(self, record: logging.LogRecord) -> None:
+            try:
+                if self.kept >= LOG_CAPTURE_MAX:
+                    return
+                self.kept += 1
+                text = record.getMessage().replace("\n", "\n        ")
+                line = f"log {record.levelname.lower()} {record.name}: {text}"
+                if self.kept == LOG_CAPTURE_MAX:
+                    line += " (further log records dropped)"
+                if self.hook.finished is None:
+                    self.hook.log.append(line)
+                else:
+                    _append_log(self.hook.finished, f"    {line}\n")
+            except Exception:  # never let a log record reach the agent, nor fail the hook
+                pass
+
+    handler = _LogCapture(hook)
+    root = logging.getLogger()
+    previous_last_resort = logging.lastResort
+    root.addHandler(handler)
+    logging.lastResort = handler
+
+    def restore() -> None:
+        root.removeHandler(handler)
+        logging.lastResort = previous_last_resort
+
+    return restore
 
 
 class HookTimeout(Exception):
@@ -616,9 +689,12 @@ class HookTimeout(Exception):
 def _budget_seconds() -> float:
     raw = os.environ.get("STASHPOINT_HOOK_TIMEOUT", "")
     try:
-        return max(0.0, float(raw)) if raw else BUDGET_S
+        seconds = float(raw) if raw else BUDGET_S
     except ValueError:
         return BUDGET_S
+    if math.isnan(seconds):
+        return BUDGET_S
+    return min(max(0.0, seconds), MAX_BUDGET_S)
 
 
 @contextlib.contextmanager
@@ -660,6 +736,8 @@ class _HookRun:
         self.event = "run"
         self.result: dict[str, Any] = {"agent": agent, "ok": False}
         self.log: list[str] = []
+        self.finished: Path | None = None
+        """The log file once :meth:`finish` wrote this run's entry."""
 
     def snapshot(self, args: tuple[str, ...]) -> None:
         import warnings
@@ -778,8 +856,10 @@ class _HookRun:
             f"({seconds * 1000:.0f} ms)",
             *(f"    {line}" for line in self.log),
         ]
-        r["log"] = str(self._log_path())
-        _append_log(self._log_path(), "\n".join(lines) + "\n")
+        path = self._log_path()
+        r["log"] = str(path)
+        _append_log(path, "\n".join(lines) + "\n")
+        self.finished = path
 
     def _log_path(self) -> Path:
         """hooks.log in the store directory; found without opening the store, so that a
