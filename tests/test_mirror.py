@@ -426,20 +426,32 @@ def test_a_label_changed_while_another_writer_copies_it_ends_equal(tmp_path: Pat
     assert isinstance(s1, MirroredStore) and s1.replicator is not None
     try:
         cp = s1.session("s").checkpoint({"x": 1}, files=False)
-        pmeta = s1.replicator.p.meta
-        real_labels = pmeta.labels
+        rep = s1.replicator
+        pmeta = rep.p.meta
+        real_labels, real_copy = pmeta.labels, rep.labels
         calls: list[int] = []
+        copying: list[bool] = []
+
+        def copy_labels(session: str) -> None:
+            copying.append(True)
+            try:
+                real_copy(session)
+            finally:
+                copying.pop()
 
         def labels(session: str) -> dict[str, str]:
             out = real_labels(session)
-            calls.append(1)
-            if len(calls) == 1:  # writer 1's read for the mirror: writer 2 acts right after
+            if copying:
+                calls.append(1)
+            if len(calls) == 1 and copying:  # writer 1's read for the mirror: writer 2 acts
                 s2.session("s").label(cp.id, None)
             return out
 
         pmeta.labels = labels  # type: ignore[method-assign]
+        rep.labels = copy_labels  # type: ignore[method-assign]
         s1.session("s").label(cp.id, "release")
         pmeta.labels = real_labels  # type: ignore[method-assign]
+        rep.labels = real_copy  # type: ignore[method-assign]
         assert calls, "the interleaving happened"
         assert s1.primary.meta.labels("s") == {}
         assert s1.mirror is not None and s1.mirror.meta.labels("s") == {}
