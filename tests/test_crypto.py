@@ -656,3 +656,23 @@ def test_copying_an_encrypted_store_keeps_its_plaintext_off_the_disk(
         copy_sessions(plain, plain_dest, progress=watch)
     plain.close()
     assert on_disk  # a plain store's bundle goes to TMPDIR, as before
+
+
+def test_an_empty_store_open_elsewhere_without_a_key_is_not_encrypted_under_it(
+    tmp_path: Path,
+) -> None:
+    """A process that opened a new store without a key writes plaintext: the store cannot be
+    marked encrypted while it is open (its checkpoints would land unencrypted in an encrypted
+    store, unreadable with the key). Once it closed, the key encrypts the store."""
+    key = os.urandom(32)
+    keyless = stashpoint.open(tmp_path / "s")
+    with pytest.raises(EncryptionKeyError, match="open in another process without a key"):
+        stashpoint.open(tmp_path / "s", encryption_key=key)
+    keyless.session("a").checkpoint({"note": "written without a key"})  # still a plain store
+    keyless.close()
+    fresh = tmp_path / "t"
+    stashpoint.open(fresh).close()  # created and closed without a key: still empty
+    with stashpoint.open(fresh, encryption_key=key) as store:
+        assert store.cipher is not None
+        store.session("a").checkpoint({"note": "secret words"})
+    assert b"secret words" not in b"".join(p.read_bytes() for p in fresh.rglob("*") if p.is_file())

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -66,10 +67,14 @@ class Store:
         except BaseException:
             meta.close()
             raise
+        if blob_store is None and blob_dir is not None:
+            blob_store = LocalBlobStore(blob_dir)  # its shared lock first: see _check_encryption
         try:
-            self.cipher = _check_encryption(meta, encryption_key)
+            self.cipher = _check_encryption(meta, encryption_key, blob_store)
         except BaseException:
             meta.close()  # refused: do not leak the backend's connection
+            if isinstance(blob_store, LocalBlobStore):
+                blob_store.close()
             raise
         """AES-GCM cipher when the store is encrypted (:mod:`stashpoint.crypto`), else None."""
         if self.cipher is not None:
@@ -91,8 +96,6 @@ class Store:
         self.own_paths: tuple[Path, ...] = (home,) if home is not None else ()
         """Files and directories of the store itself: never part of a workspace snapshot
         (a workspace may hold its store; restoring an old copy over it would wipe it)."""
-        if blob_store is None and blob_dir is not None:
-            blob_store = LocalBlobStore(blob_dir)
         self.blobs = Blobs(meta, blob_store, cipher=self.cipher)
         self.hasher = ChainHasher(key, self.cipher)
         store_id = meta.get_meta("store_id")
@@ -271,10 +274,15 @@ class Store:
         self.close()
 
 
-def _check_encryption(meta: MetadataStore, key: bytes | None) -> Cipher | None:
+def _check_encryption(
+    meta: MetadataStore, key: bytes | None, blobs: BlobBackend | None = None
+) -> Cipher | None:
     """The store's cipher: refuses a missing or wrong key for an encrypted store, and marks a
     new (empty) store encrypted when a key is given. An existing plaintext store is not
-    encrypted in place: its old rows would stay plaintext, which an encrypted store refuses."""
+    encrypted in place: its old rows would stay plaintext, which an encrypted store refuses.
+
+    A local store is marked only while no other process has it open: one that opened it
+    empty without a key would go on writing plaintext into the now encrypted store."""
     from .crypto import KEY_ENV, KEY_FILE_ENV, Cipher
     from .errors import EncryptionKeyError
 
@@ -291,7 +299,16 @@ def _check_encryption(meta: MetadataStore, key: bytes | None) -> Cipher | None:
                 "into a new store opened with the key"
             )
         info = {"cipher": "AES-256-GCM", "kdf": "HKDF-SHA256", "key_id": cipher.key_id}
-        meta.set_meta(ENCRYPTION_META, json.dumps(info, sort_keys=True))
+        local = isinstance(blobs, LocalBlobStore)  # S3: never exclusive, and not local
+        exclusive = blobs.exclusive() if local and blobs else contextlib.nullcontext(True)
+        with exclusive as alone:
+            if not alone:
+                raise EncryptionKeyError(
+                    f"store {meta.url} is empty and open in another process without a key: "
+                    "it would write plaintext into it once encrypted; close that one, then "
+                    "open the store with the key again"
+                )
+            meta.set_meta(ENCRYPTION_META, json.dumps(info, sort_keys=True))
         return cipher
     try:
         expected = str(json.loads(raw)["key_id"])
