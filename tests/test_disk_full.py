@@ -95,3 +95,21 @@ def test_a_full_disk_fails_clearly_and_loses_nothing(
     assert sp(*store, "verify", cwd=ws).code == 0
     shown = json.loads(sp(*store, "show", "HEAD", "--files", "--json", cwd=ws).out)
     assert len([e for e in shown["manifest"]["entries"] if e["type"] == "f"]) == 31
+
+
+def test_a_rewind_into_a_full_disk_names_the_file_it_could_not_write(
+    sp: Any, tmp_path: Path, tiny_fs: Path
+) -> None:
+    ws = tiny_fs / "ws"
+    ws.mkdir()
+    (ws / "big.bin").write_bytes(os.urandom(1 << 20))
+    store = ["--store", str(tmp_path / "st")]
+    first = json.loads(sp(*store, "snap", "-m", "one", "--json", cwd=ws).out)
+    (ws / "big.bin").unlink()
+    filler = _fill(tiny_fs, 4 << 10)
+    res = sp(*store, "rewind", first["id"], cwd=ws, check=False)
+    assert res.code == 1 and "Traceback" not in res.err, res.err
+    assert "restore failed at big.bin" in res.err, res.err
+    filler.unlink()
+    sp(*store, "log", cwd=ws)  # completes the interrupted rewind now that there is room
+    assert (ws / "big.bin").stat().st_size == 1 << 20

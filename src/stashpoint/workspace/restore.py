@@ -143,6 +143,8 @@ class Restorer:
         """Every path the restore changed, with what it should now be (None: gone)."""
         self._releaser = _Releaser()
         self._prefetched: dict[bytes, bytes] = {}
+        self._at = b""
+        """The path being restored now (named by an error that names none)."""
 
     def _prefetch(self, current: bytes | None, target: bytes) -> None:
         """Read the small files the restore will write in one batch before writing any:
@@ -185,8 +187,10 @@ class Restorer:
             self._preflight(fd, current, target, b"")
             self._sync(fd, current, target, b"")
         except OSError as exc:
+            # A write's error names no file (a full disk): the path being restored does.
+            where = os.fsdecode(self._at) if self._at else os.fsdecode(exc.filename or b"?")
             raise StashpointError(
-                f"restore failed at {os.fsdecode(exc.filename or b'?')}: {exc.strerror}; "
+                f"restore failed at {where}: {exc.strerror or exc}; "
                 "run the command again to complete it"
             ) from exc
         finally:
@@ -250,6 +254,7 @@ class Restorer:
         for name in sorted({name for name, _e in cur.items() ^ tgt.items()}):
             c, t = cur.get(name), tgt.get(name)
             crel = rel + b"/" + name if rel else name
+            self._at = crel
             self.touched.append((crel, t))
             if not validate_name(name):  # pragma: no cover - TreeReader already refuses these
                 raise StashpointError(f"refusing unsafe name {name!r}")
