@@ -876,13 +876,17 @@ def test_a_crash_inside_a_compensation_makes_it_in_doubt_not_run_twice(
     assert paused.pending is not None and paused.pending.tool == "compensation of charge"
     pending = store.session("undo").pending()
     assert pending is not None and pending.id == paused.pending.id
-    store.session("undo").approve(paused.pending.id, done=True, result="refunded by hand")
+    secret = "sk-ant-api03-" + "x7" * 20
+    by_hand = f"refunded by hand with {secret}"
+    store.session("undo").approve(paused.pending.id, done=True, result=by_hand)
+    plans = dict(store.meta.iter_meta("compensate:"))
+    assert plans and all(secret not in v for v in plans.values())  # redacted, as the journal
     run = store.session("undo")
     assert run.run(program(run)).status == "completed"
     assert refunds == [7]
     comp = next(c for c in store.session("undo").history() if "compensations" in c.meta)
     assert comp.meta["compensations"][0]["ok"] is True
-    assert comp.meta["compensations"][0]["result"] == "refunded by hand"
+    assert comp.meta["compensations"][0]["result"].startswith("refunded by hand with [REDACTED")
 
 
 def test_a_crash_right_after_the_done_entry_still_records_the_final_checkpoint(

@@ -1423,6 +1423,8 @@ def decide(
         resolution["t"] = utc_now_iso()
         if outcome == "done":
             resolution["result"] = serde.to_tree(done_result)
+        if session.redactor is not None:  # as journal entries are: a result may hold a secret
+            resolution = dict(session.redactor(resolution))
         plan["running"]["resolution"] = resolution
         session.store.meta.set_meta(
             compensation_key(session.name, session.branch), json.dumps(plan)
