@@ -57,7 +57,7 @@ from .workspace.tree import TreeReader
 if TYPE_CHECKING:
     from ._store import Store
 
-__all__ = ["DEFAULT_GRACE", "GcReport", "Usage", "collect", "usage"]
+__all__ = ["DEFAULT_GRACE", "GcBusy", "GcReport", "Usage", "collect", "usage"]
 
 DEFAULT_GRACE = 600.0
 """Seconds a condemned blob waits when other processes have the store open."""
@@ -292,7 +292,7 @@ def collect(
     meta, local = store.meta, store.blobs.local
     with _one_gc(store, dry_run) as ok:
         if not ok:
-            raise StashpointError("another stashpoint gc is running on this store")
+            raise GcBusy("another stashpoint gc is running on this store")
         if isinstance(local, LocalBlobStore) and not dry_run:
             report.temp_files = sweep_temp_files(local.root)
         inv = _inventory(store)
@@ -526,6 +526,10 @@ def _exclusive(store: Store, lock_wait: float) -> Iterator[bool]:
         return
     with local.exclusive(attempts=1 + int(lock_wait / 0.1), pause=0.1) as got:
         yield got and store.meta.writers_in_flight() == 0
+
+
+class GcBusy(StashpointError):
+    """Another collector holds the store (one at a time per blob directory)."""
 
 
 @contextmanager

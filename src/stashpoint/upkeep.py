@@ -267,7 +267,12 @@ def run_if_due(store: Store) -> UpkeepReport | None:
         if not due(store, upkeep):
             return None
         return run(store, upkeep)
-    except Exception:
+    except Exception as exc:
+        from .gc import GcBusy
+
+        if isinstance(exc, GcBusy):  # two stores closing at once: not a failure to report
+            _log().info("stashpoint upkeep of %s: %s; retried at the next close", store.url, exc)
+            return None
         _log().warning("stashpoint upkeep of %s failed; retried later", store.url, exc_info=True)
         return None
 
