@@ -20,6 +20,8 @@ from typing import Any
 
 import pytest
 
+import stashpoint
+
 from .conftest import STASHPOINT, Result, snapshot_tree
 
 Sp = Callable[..., Result]
@@ -590,3 +592,19 @@ def test_a_hook_keeps_library_logging_off_stderr(tmp_path: Path) -> None:
     assert proc.stderr == ""
     log = (tmp_path / ".local" / "state" / "stashpoint" / "hooks.log").read_text()
     assert "FAILED StoreError" in log and "log warning psycopg.pool: error connecting" in log
+
+
+def test_agent_session_ids_that_differ_never_share_a_session(sp: Sp, tmp_path: Path) -> None:
+    """Ids are cleaned into session names; two that clean alike (``a/b``, ``a_b``) or share
+    their first 80 characters still get sessions of their own. A plain id stays as it is."""
+    ws = project(tmp_path / "ws")
+    sp("hooks", "install", "claude-code", cwd=ws)
+    command = installed_command(ws / ".claude" / "settings.local.json", "Stop")
+    long = "x" * 90
+    for ident in ("a/b", "a_b", long + "1", long + "2", "plain-id"):
+        payload = {"session_id": ident, "hook_event_name": "Stop", "cwd": str(ws)}
+        run_hook(command, ws, hook_env(tmp_path), payload)
+    with stashpoint.open(ws / ".stashpoint") as store:
+        names = [n for n in store.sessions() if n.startswith("claude-")]
+    assert len(names) == 5 and "claude-a_b" in names and "claude-plain-id" in names
+    assert all(len(n) <= len("claude-") + 80 for n in names)

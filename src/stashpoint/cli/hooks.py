@@ -950,7 +950,16 @@ def _text(value: Any) -> str | None:
 
 
 def _safe(ident: str) -> str:
-    return re.sub(r"[^A-Za-z0-9._-]", "_", ident)[:80]
+    """The agent's session id as part of a session name. An id that had to change (other
+    characters, over 80 long) gets a digest of the original, so two ids never share a
+    session (``a/b`` and ``a_b``); the UUIDs agents send pass unchanged."""
+    safe = re.sub(r"[^A-Za-z0-9._-]", "_", ident)
+    if safe == ident and len(ident) <= 80:
+        return ident
+    import hashlib
+
+    tag = hashlib.sha256(ident.encode("utf-8", "surrogatepass")).hexdigest()[:12]
+    return f"{safe[:67]}-{tag}"
 
 
 def _excerpt(value: Any, n: int = 120) -> str:
