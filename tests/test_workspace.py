@@ -421,3 +421,24 @@ def test_stat_cache_saves_in_a_burst_are_written_once_and_flushed_on_demand(
     assert writes == [3]
     loaded = statcache.StatCache.load(path, "store", "0", str(tmp_path))
     assert len(loaded.files) == 3
+
+
+def test_a_mode_restored_on_a_hard_linked_file_leaves_the_other_link_alone(
+    tmp_path: Path, store: stashpoint.Store
+) -> None:
+    """A workspace file hard-linked to one outside the workspace shares its inode: restoring
+    only its mode must replace the workspace's file, not chmod the shared inode."""
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    outside = tmp_path / "outside.txt"
+    outside.write_text("shared\n")
+    os.chmod(outside, 0o644)
+    os.link(outside, ws / "f.txt")
+    run = store.session("s", workspace=ws)
+    a = run.checkpoint()
+    os.chmod(ws / "f.txt", 0o600)  # the shared inode: outside.txt is 0600 now too
+    run.checkpoint()
+    run.rewind(a.id)
+    assert (ws / "f.txt").stat().st_mode & 0o777 == 0o644
+    assert (ws / "f.txt").read_text() == "shared\n"
+    assert outside.stat().st_mode & 0o777 == 0o600  # not the restore's to change

@@ -283,7 +283,9 @@ class Restorer:
                 if c.mode != t.mode:
                     self._chmod(dfd, name, t.mode)
             elif t.kind == "f":
-                if c.ref != t.ref:
+                if c.ref != t.ref or (c.mode != t.mode and _linked(dfd, name)):
+                    # A file with other hard links is replaced, never chmodded: its inode may
+                    # be a file outside the workspace, whose mode is not the restore's to set.
                     self._write_file(dfd, name, t, replaces=True)
                 elif c.mode != t.mode:
                     self._chmod(dfd, name, t.mode)
@@ -406,6 +408,13 @@ class Restorer:
         finally:
             os.close(fd)
         self.stats.modes += 1
+
+
+def _linked(dfd: int, name: bytes) -> bool:
+    try:
+        return os.lstat(name, dir_fd=dfd).st_nlink > 1
+    except FileNotFoundError:
+        return False
 
 
 def _some_names(dfd: int, name: bytes) -> str:
