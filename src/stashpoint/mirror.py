@@ -693,29 +693,20 @@ def compare_stores(primary: Store, mirror: Store) -> MirrorReport:
                         session,
                     )
                 )
-        p_labels = primary.meta.labels(session)
-        m_labels = mirror.meta.labels(session)
-        for ident in sorted(p_labels.keys() | m_labels.keys()):
-            pl, ml = p_labels.get(ident), m_labels.get(ident)
-            if pl != ml:
-                report.behind.append(
-                    Problem(
-                        f"checkpoint {ident}: primary label {pl!r}, mirror label {ml!r}",
-                        ident,
-                        session,
-                    )
-                )
-        p_heads = primary.meta.branches(session)
-        m_heads = mirror.meta.branches(session)
-        for branch in sorted(p_heads.keys() | m_heads.keys()):
-            ph, mh = p_heads.get(branch), m_heads.get(branch)
-            if ph != mh:
-                report.behind.append(
-                    Problem(
-                        f"branch {branch!r} of session {session!r}: primary head {ph}, "
-                        f"mirror head {mh}",
-                        ph or mh,
-                        session,
-                    )
-                )
+        labels = _differing(primary.meta.labels(session), mirror.meta.labels(session))
+        for ident, pl, ml in labels:
+            text = f"checkpoint {ident}: primary label {pl!r}, mirror label {ml!r}"
+            report.behind.append(Problem(text, ident, session))
+        heads = _differing(primary.meta.branches(session), mirror.meta.branches(session))
+        for branch, ph, mh in heads:
+            text = f"branch {branch!r} of session {session!r}: primary head {ph}, mirror head {mh}"
+            report.behind.append(Problem(text, ph or mh, session))
     return report
+
+
+def _differing(
+    primary: dict[str, str], mirror: dict[str, str]
+) -> list[tuple[str, str | None, str | None]]:
+    """(key, primary's value, mirror's value) wherever the two differ, by key."""
+    keys = sorted(primary.keys() | mirror.keys())
+    return [(k, primary.get(k), mirror.get(k)) for k in keys if primary.get(k) != mirror.get(k)]

@@ -146,26 +146,37 @@ class Restorer:
         self._at = b""
         """The path being restored now (named by an error that names none)."""
 
-    def _prefetch(self, current: bytes | None, target: bytes) -> None:
-        """Read the small files the restore will write in one batch before writing any:
-        one query for all their rows instead of one per file (a rewind of 110 files spent
-        ~0.1 ms a file fetching). Bounded: what does not fit is read file by file."""
+    def _plan(self, root: int, current: bytes | None, target: bytes) -> None:
+        """One walk over what differs, before anything is written, that
+
+        - refuses (RestoreBlocked) a restore that would have to write over a path no snapshot
+          holds: a file where the current tree has none, or a directory of the current tree,
+          to become a file or link, that holds such paths. Checked first, not on the way: by
+          then an ignore file may be gone, and the rollback's scan would count the ignored
+          file as the workspace's and delete it;
+        - reads the small files it will write in one batch: one query for all their rows
+          instead of one per file (a rewind of 110 files spent ~0.1 ms a file fetching).
+          Bounded: what does not fit is read file by file."""
         wanted: list[bytes] = []
         budget = _PREFETCH_BYTES
 
-        def walk(cur_ref: bytes | None, tgt_ref: bytes) -> None:
+        def walk(cur_ref: bytes | None, tgt_ref: bytes, rel: bytes) -> None:
             nonlocal budget
             cur = self.reader.load(cur_ref) if cur_ref is not None else {}
-            tgt = self.reader.load(tgt_ref)
-            for name, t in tgt.items():
+            for name, t in self.reader.load(tgt_ref).items():
                 c = cur.get(name)
                 if c == t:
                     continue
+                crel = rel + b"/" + name if rel else name
+                if c is None:
+                    self._refuse_if_present(root, crel, crel, t.kind)
+                elif c.kind == "d" and t.kind != "d":
+                    self._refuse_untracked_below(root, c.ref, crel, t.kind)
                 if t.kind == "d":
                     if c is None or c.kind != "d":
-                        walk(None, t.ref)
+                        walk(None, t.ref, crel)
                     elif c.ref != t.ref:  # (only its mode differs otherwise)
-                        walk(c.ref, t.ref)
+                        walk(c.ref, t.ref, crel)
                 elif (
                     t.kind == "f"
                     and (c is None or c.kind != "f" or c.ref != t.ref)
@@ -175,16 +186,15 @@ class Restorer:
                     budget -= t.size
 
         if current != target:
-            walk(current, target)
+            walk(current, target, b"")
         if wanted:
             self._prefetched = self.blobs.read_many(list(dict.fromkeys(wanted)))
 
     def apply(self, root: bytes, current: bytes | None, target: bytes) -> RestoreStats:
         """Turn ``root`` (whose content is tree ``current``) into tree ``target``."""
-        self._prefetch(current, target)
         fd = os.open(root, _DIR_FLAGS)
         try:
-            self._preflight(fd, current, target, b"")
+            self._plan(fd, current, target)
             self._sync(fd, current, target, b"")
         except OSError as exc:
             # A write's error names no file (a full disk): the path being restored does.
@@ -197,29 +207,6 @@ class Restorer:
             os.close(fd)
             self._releaser.release()
         return self.stats
-
-    def _preflight(self, root: int, current: bytes | None, target: bytes, rel: bytes) -> None:
-        """Refuse (RestoreBlocked) before changing anything if the restore would have to
-        write over a path no snapshot holds: a file where the current tree has none, or a
-        directory of the current tree, to become a file or link, that holds such paths.
-        Checked first, not on the way: by then an ignore file may be gone, and the rollback's
-        scan would count the ignored file as the workspace's and delete it."""
-        if current == target:
-            return
-        cur = self.reader.load(current) if current is not None else {}
-        for name, t in self.reader.load(target).items():
-            c = cur.get(name)
-            if c == t:
-                continue
-            crel = rel + b"/" + name if rel else name
-            if c is None:
-                self._refuse_if_present(root, crel, crel, t.kind)
-                if t.kind == "d":
-                    self._preflight(root, None, t.ref, crel)
-            elif c.kind == "d" and t.kind == "d":
-                self._preflight(root, c.ref, t.ref, crel)
-            elif c.kind == "d":
-                self._refuse_untracked_below(root, c.ref, crel, t.kind)
 
     def _refuse_untracked_below(self, root: int, tree: bytes, rel: bytes, kind: str) -> None:
         try:
@@ -236,12 +223,7 @@ class Restorer:
             if name.startswith(_TMP):
                 continue
             if entry is None:
-                what = "file" if kind == "f" else "symlink"
-                raise RestoreBlocked(
-                    f"{os.fsdecode(rel)} is a directory holding ignored files "
-                    f"({os.fsdecode(name)}) where the checkpoint has a {what}; a rewind never "
-                    "touches ignored files: move them away, then run it again"
-                )
+                raise _holds_ignored(rel, os.fsdecode(name), kind)
             if entry.kind == "d":
                 self._refuse_untracked_below(root, entry.ref, rel + b"/" + name, kind)
 
@@ -266,12 +248,8 @@ class Restorer:
             elif c.kind != t.kind:
                 self._remove(dfd, name, c, crel)
                 if c.kind == "d" and self.stats.kept_dirs[-1:] == [crel]:
-                    raise RestoreBlocked(
-                        f"{os.fsdecode(crel)} is a directory holding ignored files "
-                        f"({_some_names(dfd, name)}) where the checkpoint has a "
-                        f"{'file' if t.kind == 'f' else 'symlink'}; a rewind never touches "
-                        "ignored files: move them away, then run it again"
-                    )
+                    # (made after _plan looked: it refuses this case before any write)
+                    raise _holds_ignored(crel, _some_names(dfd, name), t.kind)
                 self._create(dfd, name, t, crel)
             elif t.kind == "d":
                 if c.ref != t.ref:
@@ -348,7 +326,7 @@ class Restorer:
         one): its content is in no snapshot, so writing over it would lose it for good."""
         try:
             st = os.lstat(name, dir_fd=dfd)
-        except FileNotFoundError:
+        except (FileNotFoundError, NotADirectoryError):  # (a file where a parent will be)
             return
         if kind == "d" and stat.S_ISDIR(st.st_mode):
             return
@@ -408,6 +386,15 @@ class Restorer:
         finally:
             os.close(fd)
         self.stats.modes += 1
+
+
+def _holds_ignored(rel: bytes, names: str, kind: str) -> RestoreBlocked:
+    what = "file" if kind == "f" else "symlink"
+    return RestoreBlocked(
+        f"{os.fsdecode(rel)} is a directory holding ignored files ({names}) where the "
+        f"checkpoint has a {what}; a rewind never touches ignored files: move them away, "
+        "then run it again"
+    )
 
 
 def _linked(dfd: int, name: bytes) -> bool:
