@@ -125,7 +125,11 @@ def test_gib_artifact_round_trip_and_a_4mb_change_stores_about_4mb(
     assert rss_snap < 300 and rss_fetch < 300, (rss_snap, rss_fetch)
 
     # Rewind puts the old version back where it came from; the new one is kept for undo.
-    rew = json.loads(sp("rewind", cp1["id"], "--artifacts", "--json", cwd=ws).out)
+    rew = json.loads(
+        sp(
+            "rewind", cp1["id"], "--artifacts", "--artifacts-to-recorded-paths", "--json", cwd=ws
+        ).out
+    )
     assert rew["artifacts"] == ["kv"]
     assert digest(big) == v1
     assert rew["safety"]["artifacts"]["kv"]["digest"] == v2
@@ -180,10 +184,23 @@ def test_rewind_restores_artifacts_undoably_and_to_another_path(
     cp3 = snap(sp, ws, "-m", "no artifact named: the parent's is kept")
     assert cp3["artifacts"] == cp2["artifacts"]
 
-    rew = json.loads(sp("rewind", "epoch-1", "--artifacts", "--json", cwd=ws).out)
+    rew = json.loads(
+        sp(
+            "rewind", "epoch-1", "--artifacts", "--artifacts-to-recorded-paths", "--json", cwd=ws
+        ).out
+    )
     assert digest(w) == v1 and w.stat().st_mode & 0o777 == 0o640
     assert rew["head"]["id"] == cp1["id"]
-    undo = json.loads(sp("rewind", rew["safety"]["id"], "--artifacts", "--json", cwd=ws).out)
+    undo = json.loads(
+        sp(
+            "rewind",
+            rew["safety"]["id"],
+            "--artifacts",
+            "--artifacts-to-recorded-paths",
+            "--json",
+            cwd=ws,
+        ).out
+    )
     assert digest(w) == v2 and undo["artifacts"] == ["weights"]
 
     other = tmp_path / "elsewhere" / "w.bin"
@@ -273,7 +290,15 @@ def test_a_damaged_chunk_is_caught_and_the_target_is_left_alone(
     res = sp("verify", cwd=ws, check=False)
     assert res.code == EXIT_INTEGRITY and "artifact 'weights'" in res.out + res.err
 
-    res = sp("rewind", "HEAD", "--artifact", "weights", cwd=ws, check=False)
+    res = sp(
+        "rewind",
+        "HEAD",
+        "--artifact",
+        "weights",
+        "--artifacts-to-recorded-paths",
+        cwd=ws,
+        check=False,
+    )
     assert res.code == EXIT_INTEGRITY and "corrupt" in res.err
     assert digest(w) == before  # the file in place was not touched
 
@@ -323,13 +348,20 @@ def test_rewind_of_artifacts_killed_at_random_instants_is_completed_or_not_start
     v2 = digest(w)
     b = snap(sp, ws, "--artifact", f"weights={w}")
     env = cli_env(tmp_path)
-    back_to_b = ("rewind", b["id"], "--artifacts")
+    back_to_b = ("rewind", b["id"], "--artifacts", "--artifacts-to-recorded-paths")
     duration = measure(
-        lambda: sp("rewind", a["id"], "--artifacts", cwd=ws), 2, lambda: sp(*back_to_b, cwd=ws)
+        lambda: sp("rewind", a["id"], "--artifacts", "--artifacts-to-recorded-paths", cwd=ws),
+        2,
+        lambda: sp(*back_to_b, cwd=ws),
     )
     outcomes = {"completed": 0, "not started": 0}
     for i in range(12):
-        run_killed(["rewind", a["id"], "--artifacts"], ws, env, rng.uniform(0, duration))
+        run_killed(
+            ["rewind", a["id"], "--artifacts", "--artifacts-to-recorded-paths"],
+            ws,
+            env,
+            rng.uniform(0, duration),
+        )
         head = json.loads(sp("show", "HEAD", "--json", cwd=ws).out)  # completes a rewind
         done = head["id"] == a["id"]
         outcomes["completed" if done else "not started"] += 1

@@ -437,6 +437,7 @@ def open_store(
         db, home = path / _DB_NAME, path
     try:
         mkdir_private(home)  # and any parent it creates: 0700 too
+        ignore_store_dir(home)
         # Cheap places only; `verify` sweeps the whole blob directory.
         sweep_temp_files(home, recursive=False)
         sweep_temp_files(home / "cache", recursive=False)
@@ -518,11 +519,26 @@ def _open_file_store(text: str, kw: dict[str, Any]) -> Store:
     home = Path(text).expanduser()
     meta = FileStore(home)  # creates the directory
     try:
+        ignore_store_dir(home)
         sweep_temp_files(home / "cache", recursive=False)
         sweep_temp_files(home / "blobs" / "packs", recursive=False)
     except OSError as exc:
         raise StoreError(f"cannot open store directory {home}: {exc.strerror}") from exc
     return Store(meta, blob_dir=home / "blobs", home=home.resolve(), **kw)
+
+
+def ignore_store_dir(home: Path) -> None:
+    """A ``.gitignore`` of ``*`` in the store directory (as virtualenv does), so git,
+    ripgrep and editors skip it: in a git work tree ``git add -A`` committed the store."""
+    marker = home / ".gitignore"
+    if marker.exists():
+        return
+    try:
+        fd = os.open(marker, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)  # private, as all
+        with os.fdopen(fd, "w") as f:
+            f.write("# created by stashpoint: its store is never committed\n*\n")
+    except OSError:
+        pass  # a read-only or full disk: opening the store still works
 
 
 def config_hash(config: Any) -> str | None:

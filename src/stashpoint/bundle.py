@@ -1446,6 +1446,7 @@ def import_bundle(
             "is kept and skipped)"
         ) from None
     for branch, target, current in heads:
+        _bind_imported(store, session, branch, current)
         meta.set_head(session, branch, target, current)
     for ident, label in sorted(labels.items(), key=lambda kv: kv[1] is not None):
         meta.set_label(ident, session, label)  # removals first: a moved label is never twice
@@ -1457,6 +1458,21 @@ def import_bundle(
     for when, idents in sorted(by_time.items()):
         report.pruned += len(meta.mark_pruned(session, idents, when))
     return report
+
+
+def _bind_imported(store: Store, session: str, branch: str, current: str | None) -> None:
+    """The root a bundle's records were snapshotted in is the sender's, not a place to
+    write: a branch the import creates is bound to no directory (a restore then needs one
+    named explicitly); one it fast-forwards stays bound where it was here."""
+    from . import restore_target
+
+    if restore_target.bound_to(store.meta, session, branch) is not None:
+        return
+    here = store.get(current) if current is not None else None
+    if here is not None and here.workspace is not None:
+        restore_target.bind(store.meta, session, branch, Path(here.workspace.root))
+    else:
+        restore_target.unbind(store.meta, session, branch)
 
 
 def _check_ids(meta: MetadataStore, checkpoints: list[str], logs: list[str]) -> None:

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec, TypeVar, cast, ov
 
 import msgspec
 
-from . import serde
+from . import restore_target, serde
 from ._ids import new_id
 from ._store import Store, config_hash
 from .durability import Durability
@@ -96,6 +96,10 @@ class RewindResult:
     """Irreversible external effects recorded after the target: a rewind cannot undo them."""
     compensations: list[dict[str, Any]] = field(default_factory=list)
     """Compensations run (when asked for and registered in this process), newest first."""
+    artifacts: dict[str, str] = field(default_factory=dict)
+    """Artifacts restored: name -> the path written."""
+    undo: str = ""
+    """The shell command that undoes this rewind, from any directory."""
 
 
 @dataclass
@@ -195,6 +199,10 @@ class Session:
             returns), ``"group"`` / ``"group:N,Tms"`` (flushed every N checkpoints or T ms)
             or ``"exit"`` (when the store closes); default: the store's. Safety checkpoints
             taken before a rewind are always fsynced. See :mod:`stashpoint.durability`.
+        bind: ``workspace`` is the directory the user named for restores: a rewind or fork
+            writes there even when the branch was snapshotted in another directory (or
+            imported), and binds the branch to it. Without it such a restore is refused
+            (see :mod:`stashpoint.restore_target`).
     """
 
     def __init__(
@@ -218,6 +226,7 @@ class Session:
         lease: Lease | bool | float | None = None,
         redact: bool | Mapping[str, str] | Callable[[Any], Any] | None = None,
         durability: Durability | str | None = None,
+        bind: bool = False,
     ) -> None:
         _check_name("session", name)
         self.redactor = make_redactor(redact, Path(workspace) if workspace is not None else None)
@@ -231,6 +240,8 @@ class Session:
         self._deps = _deps(packages)
         self.root: Path | None = None
         self.workspace: Workspace | None = None
+        self.explicit_root = bind
+        self._bound: tuple[str, str | None] | None = None  # (branch, its binding) once read
         if workspace is not None:
             self.root = check_root(Path(workspace), force=force)
             exclude = store.own_paths
@@ -320,6 +331,59 @@ class Session:
         key = self._checkout_key()
         if key:
             self.store.meta.set_meta(key, branch)
+
+    # -- where restores may write (see stashpoint.restore_target) ------------------------
+    def bound_root(self, branch: str | None = None, target: Checkpoint | None = None) -> str | None:
+        """The directory ``branch`` (default: this one) is bound to, or None for no directory.
+
+        Stores older than bindings, and branches never bound, fall back to the binding of
+        the branch holding ``target``, then to the root the branch head (else ``target``)
+        was snapshotted in. An imported branch is bound to no directory."""
+        branch = branch or self.branch
+        meta = self.store.meta
+        bound = restore_target.bound_to(meta, self.name, branch)
+        if bound is None and target is not None and target.branch != branch:
+            bound = restore_target.bound_to(meta, self.name, target.branch)
+        if bound is None:
+            ident = meta.get_head(self.name, branch)
+            cp = self.store.get(ident) if ident else target
+            if cp is not None and cp.workspace is not None:
+                bound = cp.workspace.root
+        return bound or None
+
+    def _check_restore(self, branch: str, target: Checkpoint) -> None:
+        """The rule every restore into this session's workspace goes through."""
+        assert self.root is not None
+        bound = None if self.explicit_root else self.bound_root(branch, target)
+        restore_target.check_workspace(
+            self.name, branch, self.root, bound, explicit=self.explicit_root
+        )
+
+    def _bind(self, branch: str) -> None:
+        """Bind ``branch`` to this workspace (its checkpoints are taken, or restored, here)."""
+        assert self.root is not None
+        restore_target.bind(self.store.meta, self.name, branch, self.root)
+        self._bound = (branch, str(self.root))
+
+    def _bind_on_checkpoint(self) -> None:
+        """A checkpoint of this workspace binds a branch that has no directory yet (new, or
+        imported and now snapshotted here); an explicit workspace (``bind=True``) rebinds."""
+        if self._bound is None or self._bound[0] != self.branch:
+            self._bound = (
+                self.branch,
+                restore_target.bound_to(self.store.meta, self.name, self.branch),
+            )
+        bound = self._bound[1]
+        if bound is None and not self.explicit_root:
+            # A branch older than bindings: it stays where its earlier checkpoints were taken.
+            head = self._head
+            parent = self.store.get(head.parent) if head and head.parent else None
+            if parent is not None and parent.workspace is not None:
+                bound = parent.workspace.root
+                restore_target.bind(self.store.meta, self.name, self.branch, Path(bound))
+                self._bound = (self.branch, bound)
+        if bound != str(self.root) and (not bound or self.explicit_root):
+            self._bind(self.branch)
 
     # -- reading --------------------------------------------------------------------------
     @property
@@ -625,6 +689,8 @@ class Session:
                 self._set_label(sealed.id, label)
             if self.workspace is not None and files:
                 self.workspace.save_cache()
+                if kind != "pre-rewind":  # a restore's safety copy binds nothing
+                    self._bind_on_checkpoint()
             return sealed
         raise ConflictError(
             f"gave up after {_MAX_RETRIES} attempts: session {self.name!r} branch "
@@ -1150,6 +1216,8 @@ class Session:
         compensate: bool = False,
         artifacts: bool | Mapping[str, str | os.PathLike[str] | None] = False,
         progress: Callable[[int, int], None] | None = None,
+        artifacts_to: str | os.PathLike[str] | None = None,
+        recorded_paths: bool = False,
     ) -> RewindResult:
         """Go back to a checkpoint: files, state, or both (SPEC C3).
 
@@ -1163,9 +1231,17 @@ class Session:
         ``compensate``, their registered compensations run newest first — now, if this
         process registered them, else when the program next runs on this branch.
 
-        ``artifacts`` also puts the target's artifacts back (SPEC C25): True for all of them,
-        each to the path it was attached from, or ``{name: path or None}`` for some. The
-        files there now are attached to the safety checkpoint first, so this is undoable too.
+        ``artifacts`` also puts the target's artifacts back: True for all of them, or
+        ``{name: path or None}`` for some. An artifact given no path goes under
+        ``artifacts_to`` (a directory), or, only with ``recorded_paths``, to the path it was
+        attached from; never over the store's own files. The files there now are attached
+        to the safety checkpoint first, so this is undoable too.
+
+        Files are restored only into the directory this branch is bound to (where its
+        checkpoints were taken) unless the session was opened with ``bind=True``;
+        otherwise :class:`~stashpoint.restore_target.RestoreRefused` (exit 1), before
+        anything is written. A restore that fails on damaged data puts the workspace and
+        the branch head back as they were.
         """
         if not (files or state):
             raise UsageError("rewind needs files, state or both")
@@ -1173,9 +1249,21 @@ class Session:
         check_not_pruned(self.store, target)
         if files and target.workspace is not None and self.workspace is None:
             raise UsageError("this session has no workspace directory to restore files into")
+        if files and target.workspace is not None:
+            self._check_restore(self.branch, target)
         self._warn_if_foreign(target)
         effects = self.effects(since=target) if state else []
-        plan = _artifact_plan(target, artifacts) if artifacts else {}
+        plan = (
+            _artifact_plan(
+                target,
+                artifacts,
+                to_dir=artifacts_to,
+                recorded_ok=recorded_paths,
+                protected=self.store.own_paths,
+            )
+            if artifacts
+            else {}
+        )
         captured = {n: p for n, p in plan.items() if p.is_file()}
         safety = self.checkpoint(
             kind="pre-rewind",
@@ -1183,11 +1271,23 @@ class Session:
             artifacts=captured,
             progress=progress if captured else None,
         )
-        extra = {"artifacts": {n: str(p) for n, p in plan.items()}, "captured": sorted(captured)}
+        extra = {
+            "artifacts": {n: str(p) for n, p in plan.items()},
+            "captured": sorted(captured),
+            "bind": self.explicit_root,
+        }
         with self._restoring():
             journal = self._journal(target, safety, files=files, state=state, extra=extra)
-            result = self._finish_rewind(journal, safety, recovering=False, progress=progress)
+            try:
+                result = self._finish_rewind(journal, safety, recovering=False, progress=progress)
+            except (IntegrityError, NotFoundError, RestoreBlocked):
+                self._drop_safety(safety)
+                raise
         result.effects = effects
+        result.artifacts = {n: str(p) for n, p in plan.items()}
+        result.undo = restore_target.undo_command(
+            self.store.url, self.name, self.root, result.safety.id, files_only=not state
+        )
         if effects and compensate:
             self.durable.request_compensation(effects)
             result.compensations = self.durable.run_pending_compensations()
@@ -1276,10 +1376,28 @@ class Session:
         else:
             assert safety is not None, "partial rewinds always take a safety checkpoint"
             head = self._compose(journal, target, safety)
+        if journal.get("bind") and self.root is not None and target.workspace is not None:
+            self._bind(journal["branch"])
+        if journal.get("checkout"):
+            self._set_checkout(journal["branch"])
         key = self._journal_key()
         if key is not None:
             self.store.meta.set_meta(key, None)
         return RewindResult(target, safety or head, head, stats)
+
+    def _drop_safety(self, safety: Checkpoint) -> None:
+        """A failed rewind moves nothing: the branch head goes back from the safety
+        checkpoint to where it was (the workspace is already back as it was, so the safety
+        checkpoint holds nothing that is not still there; GC frees it)."""
+        if safety.parent is None:
+            return
+        try:
+            self.store.meta.set_head(
+                self.name, safety.branch, safety.parent, safety.id, fence=self.fence
+            )
+        except ConflictError:
+            return  # another writer moved on from it: theirs stays
+        self._head_loaded = False
 
     def _roll_back(self, safety: Checkpoint | None, exc: Exception) -> None:
         """A restore hit damaged data: put the workspace back as it was and drop the journal.
@@ -1407,10 +1525,13 @@ class Session:
     def _complete(self, journal: dict[str, Any]) -> bool:
         saved_branch = self.branch
         self.branch = journal["branch"]
+        safety = None
         try:
             safety = self.store.get(journal["safety"]) if journal.get("safety") else None
             self._finish_rewind(journal, safety, recovering=True)
         except (IntegrityError, NotFoundError, RestoreBlocked) as exc:
+            if safety is not None:
+                self._drop_safety(safety)
             # The target is damaged (or blocked by ignored files): the workspace went back to
             # its safety checkpoint and the journal is gone, so this command can go on.
             warnings.warn(
@@ -1419,6 +1540,9 @@ class Session:
                 StashpointWarning,
                 stacklevel=3,
             )
+        else:
+            if journal.get("checkout") and self.root is not None:
+                saved_branch = journal["branch"]  # a fork here finished: follow its branch
         finally:
             self.branch = saved_branch
             self._head_loaded = False
@@ -1431,47 +1555,114 @@ class Session:
         *,
         into: str | os.PathLike[str] | None = None,
     ) -> Session:
-        """A new branch starting at a checkpoint (SPEC C4).
+        """A new branch starting at a checkpoint.
 
         With ``into``, the checkpoint's files are materialised in that (new or empty) directory,
-        which then follows the new branch: two directories, two independent runs from identical
-        state. Without it, this workspace switches to the new branch (after a safety checkpoint).
+        which then follows the new branch, bound to it: two directories, two independent runs
+        from identical state. Without it, this workspace switches to the new branch (after a
+        safety checkpoint), under the same rule as a rewind of where files may be written.
+
+        The branch exists only once its files are in place: a fork that fails, or is killed,
+        leaves no branch behind, and re-running it (or any command in ``into``) finishes it.
         """
         target = self.get(ref)
         check_not_pruned(self.store, target)
         branch = branch or f"fork-{target.id[-8:].lower()}"
         _check_name("branch", branch)
+        if into is not None:
+            dest = Path(into).resolve()
+            resumed = self._resume_fork_into(dest, branch)
+            if resumed is not None:
+                return resumed
         if branch in self.store.meta.branches(self.name):
             raise UsageError(f"branch {branch!r} already exists in session {self.name!r}")
+        files = self.workspace is not None and target.workspace is not None
+        if into is None and files:
+            self._check_restore(self.branch, target)
         effects = self.effects(since=target)
         if effects:  # the new branch starts before them; the world has them already
             self._warn_effects(effects, f"the fork starts before {len(effects)}")
         if into is not None:
-            dest = Path(into).resolve()
-            if dest.exists() and (not dest.is_dir() or any(dest.iterdir())):
-                raise UsageError(f"{dest} exists and is not an empty directory")
-            dest.mkdir(parents=True, exist_ok=True)
-            self.store.meta.set_head(self.name, branch, target.id, None, fence=self.fence)
-            other = Session(self.store, self.name, workspace=dest, branch=branch, force=True)
-            other.schema_version, other.config_hash = self.schema_version, self.config_hash
-            other._set_checkout(branch)
-            # Journal first, then the link file: a crash while materialising is completed by
-            # the next stashpoint command run inside the new directory.
-            with other._restoring():
-                journal = other._journal(target, None, branch=branch)
+            return self._materialise(dest, target, branch)
+        safety = None
+        if files:
+            safety = self.checkpoint(kind="pre-rewind", message=f"before fork to {branch}")
+        with self._restoring():
+            journal = self._journal(
+                target, safety, branch=branch, extra={"bind": files, "checkout": True}
+            )
+            old_branch = self.branch
+            self.branch, self._head_loaded = branch, False
+            try:
+                self._finish_rewind(journal, safety, recovering=False)
+            except (IntegrityError, NotFoundError, RestoreBlocked):
+                self.branch, self._head_loaded = old_branch, False
+                if safety is not None:
+                    self._drop_safety(safety)
+                raise
+        return self
+
+    def materialize(self, into: str | os.PathLike[str], ref: str = "HEAD") -> Session:
+        """Write a checkpoint of this branch (default: its head) into a new or empty
+        directory, which then follows this branch and is bound to it: how an imported
+        session gets a workspace (``stashpoint import FILE --into DIR``)."""
+        target = self.get(ref)
+        check_not_pruned(self.store, target)
+        if self.store.meta.get_head(self.name, self.branch) != target.id:
+            raise UsageError(
+                f"{ref} is not the head of branch {self.branch!r}: fork it --into a directory"
+            )
+        return self._materialise(Path(into).resolve(), target, self.branch)
+
+    def _materialise(self, dest: Path, target: Checkpoint, branch: str) -> Session:
+        """``target``'s files into the new or empty ``dest``, bound to ``branch``, whose head
+        is set to ``target`` once they are there."""
+        if dest.exists() and (not dest.is_dir() or any(dest.iterdir())):
+            raise UsageError(f"{dest} exists and is not an empty directory")
+        for own in self.store.own_paths:
+            own = own.resolve()
+            if dest == own or own in dest.parents or dest in own.parents:
+                raise restore_target.RestoreRefused(
+                    f"refusing to write into {dest}: it holds or is inside the store {own}"
+                )
+        created = not dest.exists()
+        dest.mkdir(parents=True, exist_ok=True)
+        other = Session(self.store, self.name, workspace=dest, branch=branch, force=True, bind=True)
+        other.schema_version, other.config_hash = self.schema_version, self.config_hash
+        # Journal first, then the link file: a crash while materialising is completed by the
+        # next stashpoint command run inside the new directory (or the same command run
+        # again); the branch head is set last, when the files are there.
+        with other._restoring():
+            journal = other._journal(
+                target, None, branch=branch, extra={"bind": True, "checkout": True}
+            )
+            try:
                 self._write_link_file(dest, branch)
                 other._finish_rewind(journal, None, recovering=False)
-            return other
-        safety = None
-        if self.workspace is not None and target.workspace is not None:
-            safety = self.checkpoint(kind="pre-rewind", message=f"before fork to {branch}")
-        self.store.meta.set_head(self.name, branch, target.id, None, fence=self.fence)
-        self._set_checkout(branch)
-        with self._restoring():
-            journal = self._journal(target, safety, branch=branch)
-            self.branch, self._head_loaded = branch, False
-            self._finish_rewind(journal, safety, recovering=False)
-        return self
+            except (IntegrityError, NotFoundError, RestoreBlocked):
+                # Damaged data: the directory was empty (or new) before, so nothing in it is
+                # the user's; leave it as it was rather than half made.
+                _empty_directory(dest, remove=created)
+                raise
+        return other
+
+    def _resume_fork_into(self, dest: Path, branch: str) -> Session | None:
+        """A ``fork --into`` killed after writing ``dest``'s link file: finish it (opening a
+        session there completes its journal) instead of refusing a non-empty directory."""
+        link = dest / _LINK_FILE
+        if self.store.home is None or not link.is_file():
+            return None
+        try:
+            if [p.name for p in dest.iterdir()] != [_LINK_FILE]:
+                return None
+            data = json.loads(link.read_text())
+        except (OSError, ValueError):
+            return None
+        mine = {"store": str(self.store.home), "session": self.name, "branch": branch}
+        if data != mine or self.store.meta.get_meta(f"restore-journal:{dest}") is None:
+            return None
+        other = Session(self.store, self.name, workspace=dest, branch=branch, force=True, bind=True)
+        return other if other.head is not None else None
 
     def _write_link_file(self, dest: Path, branch: str) -> None:
         """A ``.stashpoint`` file telling the CLI, run inside ``dest``, which store to use."""
@@ -1513,6 +1704,19 @@ class Session:
         return out
 
 
+def _empty_directory(path: Path, *, remove: bool) -> None:
+    import shutil
+
+    for child in path.iterdir():
+        if child.is_dir() and not child.is_symlink():
+            shutil.rmtree(child, ignore_errors=True)
+        else:
+            child.unlink(missing_ok=True)
+    if remove:
+        with contextlib.suppress(OSError):
+            path.rmdir()
+
+
 def _merge_artifacts(head: Checkpoint | None, changes: Mapping[str, Any]) -> dict[str, Any]:
     base = head.artifacts if head is not None else {}
     if not changes:
@@ -1523,16 +1727,34 @@ def _merge_artifacts(head: Checkpoint | None, changes: Mapping[str, Any]) -> dic
 
 
 def _artifact_plan(
-    target: Checkpoint, spec: bool | Mapping[str, str | os.PathLike[str] | None]
+    target: Checkpoint,
+    spec: bool | Mapping[str, str | os.PathLike[str] | None],
+    *,
+    to_dir: str | os.PathLike[str] | None,
+    recorded_ok: bool,
+    protected: Iterable[Path],
 ) -> dict[str, Path]:
-    """Name -> where a rewind writes each of the target's artifacts."""
-    from .artifacts import restore_target
+    """Name -> where a rewind writes each of the target's artifacts (see
+    :mod:`stashpoint.restore_target` for the rule)."""
+    from .artifacts import restore_target as artifact_path
 
     wanted = dict.fromkeys(target.artifacts) if spec is True else dict(spec or {})
     missing = [n for n in wanted if n not in target.artifacts]
     if missing:
         raise NotFoundError(f"checkpoint {target.id} has no artifact named {missing[0]!r}")
-    return {n: restore_target(target.artifacts[n], dest, n) for n, dest in wanted.items()}
+    dests = restore_target.artifact_destinations(
+        wanted,
+        {n: target.artifacts[n].path for n in wanted},
+        to_dir=to_dir,
+        recorded_ok=recorded_ok,
+    )
+    protected = list(protected)
+    return {
+        n: restore_target.check_artifact_target(
+            n, artifact_path(target.artifacts[n], dest, n), protected
+        )
+        for n, dest in dests.items()
+    }
 
 
 def _args_summary(args: Any, limit: int = 80) -> str:

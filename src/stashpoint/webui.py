@@ -304,18 +304,8 @@ def create_app(
         if mode != "state" and s.workspace is None:
             raise UsageError("no workspace is bound to this UI: only state can be rewound")
         ref = f.get("ref", "")
-        snapped = s.get(ref).workspace
-        if (
-            mode != "state"
-            and snapped is not None
-            and root is not None
-            and Path(snapped.root).resolve() != root.resolve()
-        ):  # one click must not pour another directory's files over this one
-            raise UsageError(
-                f"this checkpoint's files are of {snapped.root}, not of this UI's "
-                f"workspace {root}: restore its state only here, or run stashpoint "
-                "rewind in that directory"
-            )
+        # Where the files may go is the session's rule (the branch's bound directory), the
+        # same for every restore: one click never pours them over another directory.
         result = s.rewind(ref, files=mode != "state", state=mode != "files")
         done = urlencode({"rewound": result.safety.id})
         return RedirectResponse(f"{_cp_url(name, result.head.id)}?{done}", status_code=303)

@@ -40,6 +40,9 @@ class Ctx:
         return self._located
 
     def _locate(self, create: bool) -> tuple[str, Path, str | None, str | None]:
+        if self.workspace is not None and not Path(self.workspace).is_dir():
+            # A typo in -C must not create the directory (and a store in it).
+            raise click.ClickException(f"-C {self.workspace}: no such directory")
         if self.store_url:
             if not create and missing_local_store(self.store_url):
                 # Opening it would create an empty store, which `verify` would call healthy.
@@ -55,6 +58,11 @@ class Ctx:
                 f"no stashpoint store in {start} or above; run `stashpoint init` (or "
                 "`stashpoint snap`, which creates one), or pass --store URL"
             )
+        from ..workspace import check_root
+
+        # Refused before the store exists: a store left at / or in $HOME by a refused
+        # command would be found by discovery from every directory below it.
+        check_root(start, force=self.force)
         return str(start / STORE_DIR), start, None, None
 
     def store(self, *, create: bool = False) -> Store:
@@ -72,6 +80,10 @@ class Ctx:
 
     def session(self, *, create: bool = False, files: bool = True) -> Session:
         _url, root, link_session, link_branch = self.locate(create=create)
+        if files and create:
+            from ..workspace import check_root
+
+            check_root(root, force=self.force)  # before the store is created, not after
         store = self.store(create=create)
         name = self.session_name or link_session or "main"
         workspace: Path | None = root
@@ -87,19 +99,25 @@ class Ctx:
                 workspace = None
         branch = link_branch if (link_branch and name == link_session) else None
         if self.store_url and not self.workspace and workspace is not None:
-            workspace = self._recorded_root(store, name, branch, workspace)
-        return store.session(name, workspace=workspace, branch=branch, force=self.force)
+            workspace = self._bound_root(store, name, branch, workspace)
+        return store.session(
+            name,
+            workspace=workspace,
+            branch=branch,
+            force=self.force,
+            bind=self.workspace is not None,  # -C DIR names the directory explicitly
+        )
 
     @staticmethod
-    def _recorded_root(store: Store, name: str, branch: str | None, here: Path) -> Path:
+    def _bound_root(store: Store, name: str, branch: str | None, here: Path) -> Path:
         """With --store (or $STASHPOINT_STORE) no ``.stashpoint`` says where the workspace is:
-        run inside the directory the session's head snapshotted, that directory is it, not
-        the subdirectory the command runs in (a rewind from ``proj/src`` poured the project
-        into ``src``, deleting what was there)."""
-        head = store.session(name, branch=branch).head
-        recorded = Path(head.workspace.root) if head and head.workspace else None
-        if recorded is not None and recorded in here.parents:
-            return recorded
+        run inside the directory the branch is bound to, that directory is it, not the
+        subdirectory the command runs in (a rewind from ``proj/src`` poured the project
+        into ``src``). Only this store's own binding counts, never a root read from an
+        imported bundle."""
+        bound = store.session(name, branch=branch).bound_root()
+        if bound is not None and Path(bound) in here.parents:
+            return Path(bound)
         return here
 
 

@@ -498,7 +498,22 @@ def diff(ctx: Ctx, a: str, b: str, stat: bool) -> None:
     "--artifacts",
     "all_artifacts",
     is_flag=True,
-    help="Also put back the target's artifacts, each where it was attached from.",
+    help="Also put back the target's artifacts: under --artifacts-to DIR, or at the paths "
+    "they were attached from with --artifacts-to-recorded-paths.",
+)
+@click.option(
+    "--artifacts-to",
+    "artifacts_to",
+    type=click.Path(file_okay=False),
+    metavar="DIR",
+    help="Write the artifacts under DIR (their layout below their common directory kept).",
+)
+@click.option(
+    "--artifacts-to-recorded-paths",
+    "recorded_paths",
+    is_flag=True,
+    help="Write the artifacts at the absolute paths recorded with them (list them first: "
+    "stashpoint show REF).",
 )
 @click.option(
     "--artifact",
@@ -517,6 +532,8 @@ def rewind(
     compensate: bool,
     all_artifacts: bool,
     artifact_specs: tuple[str, ...],
+    artifacts_to: str | None,
+    recorded_paths: bool,
 ) -> None:
     """Go back to a checkpoint: files and state (default), or only one of them.
 
@@ -525,11 +542,14 @@ def rewind(
     effects recorded after the target (messages sent, deployments) cannot be undone by a
     rewind: they are listed; --compensate asks for their compensations.
 
+    Files are restored only into the directory the session's checkpoints were taken in;
+    to restore into another one, name it: `stashpoint -C DIR rewind REF`.
+
     \b
     Example:
       stashpoint rewind HEAD~2 --files-only
       stashpoint rewind before-deploy --compensate && stashpoint resume
-      stashpoint rewind epoch-2 --artifacts       # also weights and other artifacts
+      stashpoint rewind epoch-2 --artifacts --artifacts-to restored/
     """
     if files_only and state_only:
         raise click.UsageError("--files-only and --state-only exclude each other")
@@ -545,6 +565,8 @@ def rewind(
             compensate=compensate,
             artifacts=artifacts,
             progress=progress,
+            artifacts_to=artifacts_to,
+            recorded_paths=recorded_paths,
         )
     stats = result.files
     data = {
@@ -557,7 +579,9 @@ def rewind(
         "effects": [e.to_dict() for e in result.effects],
         "compensations": result.compensations,
         "compensation_pending": compensate and len(result.compensations) < len(result.effects),
-        "artifacts": sorted(result.target.artifacts if artifacts is True else artifacts or ()),
+        "artifacts": sorted(result.artifacts),
+        "artifact_paths": result.artifacts,
+        "undo": result.undo,
     }
     changed = (
         f"{stats.written} written, {stats.deleted} deleted" if stats is not None else "no files"
@@ -566,9 +590,9 @@ def rewind(
         ctx,
         data,
         f"rewound to {short(result.target.id)} ({changed}"
-        + "".join(f", {n} restored" for n in data["artifacts"])
+        + "".join(f", {n} restored to {p}" for n, p in result.artifacts.items())
         + "); "
-        f"undo with: stashpoint{_session_flag(session)} rewind {result.safety.id}"
+        f"undo with: {data['undo']}"
         + (
             f"\n{len(result.effects)} compensation(s) requested: they run when the agent "
             "resumes (stashpoint resume)"

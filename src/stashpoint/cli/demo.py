@@ -201,7 +201,7 @@ def run_demo(directory: Path | None, *, json_out: bool = False) -> dict[str, Any
         f"  restored {undo.files.written} files, removed {undo.files.deleted}; tests: "
         f"{_sh(ws, f'{sys.executable} test_calc.py')}"
     )
-    say(f"  (the rewind itself can be undone: stashpoint rewind {undo.safety.id})")
+    say(f"  (the rewind itself can be undone: {undo.undo})")
     messages = run.state()["messages"]
     messages.append({"role": "assistant", "content": "step 9 (retry): keep the tests"})
     run.checkpoint(

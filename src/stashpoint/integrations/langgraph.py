@@ -519,6 +519,10 @@ class StashpointSaver(BaseCheckpointSaver[int]):
         session_prefix: a thread's stashpoint session is named prefix + thread id.
         serde: LangGraph serializer (default: LangGraph's ``JsonPlusSerializer``).
         force: allow a workspace at ``/`` or ``$HOME``.
+        bind: ``workspace`` is where this saver's threads live, whatever directory their
+            checkpoints were taken in (a thread imported from a bundle, a moved project):
+            restores write there and the threads are bound to it. Without it, restoring a
+            thread's files into a directory its checkpoints were not taken in is refused.
         redact: scrub secrets from every value, message and metadata before it is serialized
             (the stashpoint session sees only serialized bytes, where no pattern can match);
             the same argument as :class:`stashpoint.Session`'s ``redact``. A callable gets
@@ -539,6 +543,7 @@ class StashpointSaver(BaseCheckpointSaver[int]):
         serde: SerializerProtocol | None = None,
         force: bool = False,
         redact: bool | Mapping[str, str] | Callable[[Any], Any] | None = None,
+        bind: bool = False,
     ) -> None:
         super().__init__(serde=serde)
         if not session_prefix:
@@ -554,6 +559,7 @@ class StashpointSaver(BaseCheckpointSaver[int]):
         self.conversation_channel = conversation_channel
         self.session_prefix = session_prefix
         self.force = force
+        self.bind = bind
         self.redactor = make_redactor(redact, Path(workspace) if workspace is not None else None)
         self._threads: OrderedDict[str, _Thread] = OrderedDict()
         self._views = _Views(_KEEP_LOGS)
@@ -576,9 +582,10 @@ class StashpointSaver(BaseCheckpointSaver[int]):
 
     def restore_files(self, config: RunnableConfig) -> RewindResult:
         """Put the workspace files back as they were at a checkpoint (the thread's latest if
-        the config names none). A safety checkpoint of the files there now comes first, on
-        branch ``langgraph-files``: the result's ``safety.id`` undoes it (``stashpoint
-        --session lg:THREAD rewind ID --files-only``)."""
+        the config names none), into the saver's workspace only when the thread's
+        checkpoints were taken there (or the saver was made with ``bind=True``). A safety
+        checkpoint of the files there now comes first, on branch ``langgraph-files``: the
+        result's ``undo`` is the shell command that undoes it, from any directory."""
         if self.workspace is None:
             raise UsageError("this saver has no workspace directory to restore files into")
         th, entry = self._find(config)
@@ -594,6 +601,7 @@ class StashpointSaver(BaseCheckpointSaver[int]):
                 branch=FILES_BRANCH,
                 force=self.force,
                 redact=False,
+                bind=self.bind,
             )
             result = files.rewind(entry.id, state=False)
             th.heads = self.store.meta.branches(th.session)
@@ -1126,6 +1134,7 @@ class StashpointSaver(BaseCheckpointSaver[int]):
                 branch=branch,
                 force=self.force,
                 redact=False,  # the saver scrubs values before serializing them (_dumps)
+                bind=self.bind,
             )
         return s
 

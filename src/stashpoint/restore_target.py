@@ -1,0 +1,171 @@
+"""Where a restore may write: the one rule every restore goes through.
+
+A branch is *bound* to the workspace directory its checkpoints were taken in (a branch made
+by ``fork --into`` to that directory). A restore writes files only into the directory its
+branch is bound to, unless the user names the target explicitly (``stashpoint -C DIR``,
+``fork --into DIR``, ``Session(..., bind=True)``); the refusal names both directories and
+the flag. Why: a checkpoint's files replace a whole tree, deleting what the checkpoint does
+not hold, so a restore run from the wrong directory (an undo hint pasted elsewhere, a
+``--store`` used from another project) deleted that directory's files.
+
+Nothing read from a bundle chooses where to write: a bundle's recorded root is the
+sender's, so imported branches are bound to no directory until the user names one, and
+artifacts are written only under a directory the user names or, with explicit consent,
+at the paths recorded with them, and never over the store's own files.
+
+The binding is kept in the store's metadata (``workspace:["session","branch"]``): written
+by this machine's own checkpoints and restores, never by an import.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from .errors import UsageError
+
+if TYPE_CHECKING:
+    from .stores.base import MetadataStore
+
+__all__ = [
+    "UNBOUND",
+    "RestoreRefused",
+    "artifact_destinations",
+    "bind",
+    "bound_to",
+    "check_artifact_target",
+    "check_workspace",
+    "unbind",
+    "undo_command",
+]
+
+UNBOUND = ""
+"""The binding of a branch that came from a bundle: no directory until the user names one."""
+
+
+class RestoreRefused(UsageError):
+    """A restore would write where the user did not point it (exit 1)."""
+
+
+def _key(session: str, branch: str) -> str:
+    # JSON, not "a:b": session names like "lg:thread" hold colons themselves.
+    return "workspace:" + json.dumps([session, branch], ensure_ascii=False)
+
+
+def bound_to(meta: MetadataStore, session: str, branch: str) -> str | None:
+    """The directory ``branch`` is bound to; ``UNBOUND`` (imported, no directory yet), or
+    None when nothing was ever recorded (a new branch, or a store older than bindings)."""
+    return meta.get_meta(_key(session, branch))
+
+
+def bind(meta: MetadataStore, session: str, branch: str, root: Path) -> None:
+    meta.set_meta(_key(session, branch), str(root))
+
+
+def unbind(meta: MetadataStore, session: str, branch: str) -> None:
+    """Mark an imported branch as bound to no directory."""
+    meta.set_meta(_key(session, branch), UNBOUND)
+
+
+def check_workspace(
+    session: str, branch: str, root: Path, bound: str | None, *, explicit: bool
+) -> None:
+    """Refuse a restore of ``session``'s ``branch`` into ``root`` unless it is the directory
+    the branch is bound to (``bound``) or the user named ``root`` explicitly."""
+    if explicit or (bound and Path(bound) == root):
+        return
+    how = (
+        f"to restore into {root} anyway, name it explicitly: stashpoint -C {_quote(root)} ... "
+        "(Python: bind=True), or use fork --into DIR for a new directory"
+    )
+    if not bound:
+        raise RestoreRefused(
+            f"refusing to restore session {session!r} branch {branch!r} into {root}: the "
+            f"branch is bound to no directory here (it was imported or never snapshotted "
+            f"here); {how}"
+        )
+    raise RestoreRefused(
+        f"refusing to restore session {session!r} branch {branch!r} into {root}: its "
+        f"checkpoints were taken in {bound}. Run the command there (stashpoint -C "
+        f"{_quote(Path(bound))} ...), or {how}"
+    )
+
+
+def artifact_destinations(
+    wanted: Mapping[str, str | os.PathLike[str] | None],
+    recorded: Mapping[str, str],
+    *,
+    to_dir: str | os.PathLike[str] | None,
+    recorded_ok: bool,
+) -> dict[str, str | os.PathLike[str] | None]:
+    """Where each artifact of a restore goes: the path the user gave it in ``wanted``; else
+    under ``to_dir`` (the layout below the artifacts' common directory kept); else, only
+    with ``recorded_ok``, None: the path it was attached from (``recorded``, read from the
+    checkpoint and so possibly from a bundle), which the caller checks as such."""
+    implicit = {n: recorded[n] for n, p in wanted.items() if p is None}
+    out: dict[str, str | os.PathLike[str] | None] = {
+        n: p for n, p in wanted.items() if p is not None
+    }
+    if not implicit:
+        return out
+    if to_dir is None:
+        if not recorded_ok:
+            listed = "; ".join(f"{n} -> {p}" for n, p in sorted(implicit.items()))
+            raise RestoreRefused(
+                f"artifacts are restored only where you say: {listed}. Pass --artifacts-to "
+                "DIR (Python: artifacts_to=DIR) to write them under DIR, or "
+                "--artifacts-to-recorded-paths (Python: recorded_paths=True) to write them "
+                "at the paths listed"
+            )
+        return {**out, **dict.fromkeys(implicit)}
+    base = Path(to_dir).resolve()
+    flat = {n: Path(os.path.normpath(p)) for n, p in implicit.items()}
+    absolute = [p.parent for p in flat.values() if p.is_absolute()]
+    common = Path(os.path.commonpath(absolute)) if absolute else None
+    for name, p in flat.items():
+        rel = p.relative_to(common) if common is not None and p.is_absolute() else p.name
+        dest = base / rel
+        if base not in dest.parents:  # a name like '..' from a hostile record
+            raise RestoreRefused(f"artifact {name!r} records no usable file name: {p}")
+        out[name] = dest
+    return out
+
+
+def check_artifact_target(name: str, target: Path, protected: Iterable[Path]) -> Path:
+    """Refuse to write an artifact over the store's own files (its directory, database and
+    side files): restoring over ``store.db`` destroyed the store and the undo with it."""
+    where = target.parent.resolve() / target.name
+    for own in protected:
+        own = own.resolve()
+        if where == own or own in where.parents:
+            raise RestoreRefused(
+                f"refusing to restore artifact {name!r} to {where}: that is the store's own file"
+            )
+    return where
+
+
+def undo_command(
+    store_url: str, session: str, root: Path | None, ident: str, *, files_only: bool = False
+) -> str:
+    """The command that rewinds to ``ident`` from any directory: it names the store, the
+    session and the workspace, so pasting it elsewhere cannot restore another directory."""
+    import shlex
+
+    parts = ["stashpoint", "--store", shlex.quote(store_url)]
+    if session != "main":
+        parts += ["--session", shlex.quote(session)]
+    if root is not None:
+        parts += ["-C", _quote(root)]
+    parts += ["rewind", shlex.quote(ident)]
+    if files_only:
+        parts.append("--files-only")
+    return " ".join(parts)
+
+
+def _quote(path: Path) -> str:
+    import shlex
+
+    return shlex.quote(str(path))
