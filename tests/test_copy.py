@@ -16,6 +16,7 @@ import pytest
 import stashpoint
 from stashpoint.blobs.objects import CHUNK_SIZE
 from stashpoint.errors import ConflictError, NotFoundError
+from stashpoint.restore_target import RestoreRefused
 from stashpoint.stores.base import CheckpointRow, Commit
 
 from .conftest import snapshot_tree
@@ -78,7 +79,10 @@ def test_round_trip_sqlite_postgres_redis_sqlite(
     with stashpoint.open(back) as store:
         other = tmp_path / "other"
         other.mkdir()
-        run = store.session("main", workspace=other)
+        with pytest.raises(RestoreRefused, match="bound to no directory"):
+            store.session("main", workspace=other).rewind(store.resolve("start", "main"))
+        assert list(other.iterdir()) == []  # a copied session chooses no directory itself
+        run = store.session("main", workspace=other, bind=True)  # named: restored there
         run.rewind(store.resolve("start", "main"))
         assert snapshot_tree(other) == {
             k: v for k, v in snapshot_tree(ws).items() if k in ("notes.txt", "big.bin")

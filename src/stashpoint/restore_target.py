@@ -71,16 +71,36 @@ def unbind(meta: MetadataStore, session: str, branch: str) -> None:
 
 
 def check_workspace(
-    session: str, branch: str, root: Path, bound: str | None, *, explicit: bool
+    session: str,
+    branch: str,
+    root: Path,
+    bound: str | None,
+    *,
+    explicit: bool,
+    source: tuple[str, str, str | None] | None = None,
 ) -> None:
     """Refuse a restore of ``session``'s ``branch`` into ``root`` unless it is the directory
-    the branch is bound to (``bound``) or the user named ``root`` explicitly."""
-    if explicit or (bound and Path(bound) == root):
+    the branch is bound to (``bound``) or the user named ``root`` explicitly.
+
+    ``source`` is (checkpoint id, its branch, that branch's binding) when the checkpoint
+    restored lies on another branch: its files are another directory's (an A/B fork's, an
+    imported run's), so pouring them over this one also needs the directory named."""
+    if explicit:
         return
     how = (
         f"to restore into {root} anyway, name it explicitly: stashpoint -C {_quote(root)} ... "
         "(Python: bind=True), or use fork --into DIR for a new directory"
     )
+    if bound and Path(bound) == root:
+        if source is None or (source[2] and Path(source[2]) == root):
+            return
+        ident, other, where = source
+        raise RestoreRefused(
+            f"refusing to restore checkpoint {ident} into {root}: it was taken on branch "
+            f"{other!r}, "
+            + (f"in {where}" if where else "which is bound to no directory here")
+            + f"; {how}"
+        )
     if not bound:
         raise RestoreRefused(
             f"refusing to restore session {session!r} branch {branch!r} into {root}: the "

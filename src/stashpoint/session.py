@@ -354,9 +354,21 @@ class Session:
     def _check_restore(self, branch: str, target: Checkpoint) -> None:
         """The rule every restore into this session's workspace goes through."""
         assert self.root is not None
-        bound = None if self.explicit_root else self.bound_root(branch, target)
+        if self.explicit_root:
+            return
+        source = None
+        if target.branch != branch:
+            theirs = restore_target.bound_to(self.store.meta, self.name, target.branch)
+            if theirs is None and target.workspace is not None:  # older than bindings
+                theirs = target.workspace.root
+            source = (target.id, target.branch, theirs or None)
         restore_target.check_workspace(
-            self.name, branch, self.root, bound, explicit=self.explicit_root
+            self.name,
+            branch,
+            self.root,
+            self.bound_root(branch, target),
+            explicit=False,
+            source=source,
         )
 
     def _bind(self, branch: str) -> None:
