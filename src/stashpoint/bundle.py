@@ -41,6 +41,7 @@ from __future__ import annotations
 import hashlib
 import os
 import re
+import signal
 import stat
 import struct
 import unicodedata
@@ -123,6 +124,29 @@ _KINDS = {
     stat.S_IFIFO: "a FIFO",
     stat.S_IFSOCK: "a socket",
 }
+
+
+KILL_ENV = "STASHPOINT_TEST_KILL_AT"
+"""For tests only: ``NAME`` or ``NAME:N`` - SIGKILL this process the N-th time (default the
+first) it passes the kill point ``NAME`` (``import-log``, ``import-record``, ``import-head``,
+``copy-exported``)."""
+_kill_counts: dict[str, int] = {}
+
+
+def kill_point(name: str) -> None:
+    """A place where a test may kill this process (``$STASHPOINT_TEST_KILL_AT``, for tests
+    only): a crash between two writes of an import or a copy must leave nothing that a plain
+    re-run cannot finish, and a test can only show that by killing the real CLI exactly
+    there, not at a random instant. Unset, it costs one environment lookup."""
+    spec = os.environ.get(KILL_ENV)
+    if not spec:
+        return
+    point, _, count = spec.partition(":")
+    if point != name:
+        return
+    seen = _kill_counts[name] = _kill_counts.get(name, 0) + 1
+    if seen >= int(count or 1):
+        os.kill(os.getpid(), signal.SIGKILL)
 
 
 def _damaged(msg: str) -> IntegrityError:
@@ -1437,9 +1461,11 @@ def import_bundle(
     _write_objects(store, bundle, checked, have, report, progress)
     for plan in logs:  # session=: refused in the append's own transaction if leased meanwhile
         meta.append_log(LogAppend(plan.log, plan.start, plan.rows, plan.new, session=session))
+        kill_point("import-log")
     try:
         for row in new_rows:
             meta.commit(Commit(row, None, move_head=False, gc_epoch=epoch))
+            kill_point("import-record")
     except GcEpochChanged:
         raise ConflictError(
             "a garbage collection began during the import; run it again (what was written "
@@ -1447,6 +1473,7 @@ def import_bundle(
         ) from None
     for branch, target, current in heads:
         meta.set_head(session, branch, target, current)
+        kill_point("import-head")
     for ident, label in sorted(labels.items(), key=lambda kv: kv[1] is not None):
         meta.set_label(ident, session, label)  # removals first: a moved label is never twice
     # Marks after their records (a mark needs its record): a crash between leaves one unmarked.

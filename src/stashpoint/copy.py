@@ -31,7 +31,7 @@ from urllib.parse import unquote_plus, urlsplit
 
 from ._fsutil import TMP_MARK
 from ._store import Problem, Store
-from .bundle import Clash, export_bundle, import_bundle, read_bundle
+from .bundle import Clash, export_bundle, import_bundle, kill_point, read_bundle
 from .errors import ConflictError, IntegrityError, NotFoundError, StoreError, UsageError
 from .session import StashpointWarning
 
@@ -128,6 +128,7 @@ def copy_sessions(
                     f"cannot write the temporary bundle for session {name!r} in {tmp}: "
                     f"{exc.strerror or exc}; {hint}"
                 ) from exc
+            kill_point("copy-exported")
             # Checked under the key it was sealed with; sealed again on import when renamed.
             hasher = dest.hasher if as_session is None else source.hasher.plain()
             with read_bundle(path, hasher=hasher) as bundle:
