@@ -49,7 +49,7 @@ import unicodedata
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, BinaryIO, Literal, TypeVar
+from typing import Any, BinaryIO, Literal, Protocol, TypeVar
 
 import msgspec
 import zstandard
@@ -763,6 +763,33 @@ class _Slot:
     sha: bytes
 
 
+class BundleSource(Protocol):
+    """What a bundle is read from: a file, or a file whose bytes are transformed on the way
+    (``stashpoint copy`` reads its temporary bundle through a cipher: see :mod:`.copy`)."""
+
+    def read(self, n: int) -> bytes:
+        """The next ``n`` bytes (fewer at the end)."""
+
+    def pread(self, n: int, offset: int) -> bytes:
+        """``n`` bytes at ``offset``, not moving the position ``read`` uses."""
+
+    def close(self) -> None: ...
+
+
+class _FileSource:
+    def __init__(self, f: BinaryIO) -> None:
+        self._f = f
+
+    def read(self, n: int) -> bytes:
+        return self._f.read(n)
+
+    def pread(self, n: int, offset: int) -> bytes:
+        return os.pread(self._f.fileno(), n, offset)
+
+    def close(self) -> None:
+        self._f.close()
+
+
 class Bundle:
     """A bundle file that passed every check that does not need the target store.
 
@@ -770,7 +797,7 @@ class Bundle:
     checked against the digest it had when it was validated.
     """
 
-    def __init__(self, path: Path, f: BinaryIO, size: int) -> None:
+    def __init__(self, path: Path, f: BundleSource, size: int) -> None:
         self.path = path
         self._f = f
         self.size = size
@@ -793,7 +820,7 @@ class Bundle:
         slot = self.slots[digest]
         data = self._cache.get(digest)
         if data is None:
-            data = os.pread(self._f.fileno(), slot.length, slot.offset)
+            data = self._f.pread(slot.length, slot.offset)
             if hashlib.sha256(data).digest() != slot.sha:
                 raise _damaged(f"{self.path} changed while it was being imported")
         return data
@@ -831,9 +858,31 @@ def read_bundle(
         raise UsageError(f"cannot read {p}: {exc.strerror}") from None
     f = os.fdopen(fd, "rb")
     try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
             raise UsageError(f"{p} is not a regular file")
-        bundle = _Reader(p, f, limits, progress).read()
+    except BaseException:
+        f.close()
+        raise
+    return read_bundle_from(
+        _FileSource(f), st.st_size, p, hasher=hasher, limits=limits, progress=progress
+    )
+
+
+def read_bundle_from(
+    source: BundleSource,
+    size: int,
+    name: str | os.PathLike[str],
+    *,
+    hasher: ChainHasher | None = None,
+    limits: Limits | None = None,
+    progress: Callable[[int, int], None] | None = None,
+) -> Bundle:
+    """:func:`read_bundle` of ``size`` bytes read from ``source`` (``name`` is what messages
+    call it). The bundle owns ``source`` from here on: it is closed with it, or on an error."""
+    p, limits = Path(name), limits or Limits()
+    try:
+        bundle = _Reader(p, source, size, limits, progress).read()
         bundle.checked = _Checker(bundle.contents, hasher or ChainHasher(), limits).run()
         for digest in bundle.checked.list_sizes:  # whole-file digests of chunked files
             whole = hashlib.sha256()
@@ -844,18 +893,23 @@ def read_bundle(
                 raise _damaged(f"chunked content {digest.hex()[:16]} does not match its digest")
         return bundle
     except BaseException:
-        f.close()
+        source.close()
         raise
 
 
 class _Reader:
     def __init__(
-        self, path: Path, f: BinaryIO, limits: Limits, progress: Callable[[int, int], None] | None
+        self,
+        path: Path,
+        f: BundleSource,
+        size: int,
+        limits: Limits,
+        progress: Callable[[int, int], None] | None,
     ) -> None:
         self.f = f
         self.limits = limits
         self.progress = progress
-        self.size = os.fstat(f.fileno()).st_size
+        self.size = size
         self.pos = 0
         self.bundle = Bundle(path, f, self.size)
         self.meta_bytes = 0
