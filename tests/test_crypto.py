@@ -616,48 +616,6 @@ def test_memory_store_encrypts_and_collects(tmp_path: Path) -> None:
         assert verify_store(store).problems == []
 
 
-def test_copying_an_encrypted_store_keeps_its_plaintext_off_the_disk(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """A copy goes through a plaintext bundle: for an encrypted store it must live in memory
-    (/dev/shm), not in TMPDIR on a disk; a plain store's still goes to TMPDIR."""
-    from stashpoint import copy as copy_mod
-    from stashpoint._fsutil import TMP_MARK
-    from stashpoint.copy import copy_sessions
-
-    if not os.path.isdir(copy_mod.SHM):
-        pytest.skip("no /dev/shm on this machine")
-    disk_tmp = tmp_path / "tmpdir"
-    disk_tmp.mkdir()
-    monkeypatch.setenv("TMPDIR", str(disk_tmp))
-    monkeypatch.setattr("tempfile.tempdir", None)  # re-read TMPDIR
-    in_memory: list[str] = []
-    on_disk: list[str] = []
-
-    def watch(_n: int, _b: int) -> None:  # called while the bundle is written and read
-        in_memory.extend(
-            p.name for p in Path(copy_mod.SHM).iterdir() if p.name.startswith(TMP_MARK)
-        )
-        on_disk.extend(p.name for p in disk_tmp.iterdir())
-
-    secret = "the launch code is 0000"
-    src = stashpoint.open(tmp_path / "src", encryption_key=KEY)
-    src.session("s").checkpoint({"note": secret})
-    dest = stashpoint.open(tmp_path / "dest", encryption_key=KEY)
-    report = copy_sessions(src, dest, progress=watch)
-    assert report.verified and dest.session("s").state()["note"] == secret
-    assert in_memory and on_disk == [] and list(disk_tmp.iterdir()) == []
-    src.close()
-    dest.close()
-    in_memory.clear()
-    plain = stashpoint.open(tmp_path / "plain")
-    plain.session("p").checkpoint({"x": 1})
-    with stashpoint.open(tmp_path / "plain-dest") as plain_dest:
-        copy_sessions(plain, plain_dest, progress=watch)
-    plain.close()
-    assert on_disk  # a plain store's bundle goes to TMPDIR, as before
-
-
 def test_an_empty_store_open_elsewhere_without_a_key_is_not_encrypted_under_it(
     tmp_path: Path,
 ) -> None:

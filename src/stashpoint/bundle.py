@@ -39,15 +39,17 @@ branches whose history diverged (import those with ``as_session``), another HMAC
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import re
+import signal
 import stat
 import struct
 import unicodedata
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, BinaryIO, Literal, TypeVar
+from typing import Any, BinaryIO, Literal, Protocol, TypeVar
 
 import msgspec
 import zstandard
@@ -123,6 +125,29 @@ _KINDS = {
     stat.S_IFIFO: "a FIFO",
     stat.S_IFSOCK: "a socket",
 }
+
+
+KILL_ENV = "STASHPOINT_TEST_KILL_AT"
+"""For tests only: ``NAME`` or ``NAME:N`` - SIGKILL this process the N-th time (default the
+first) it passes the kill point ``NAME`` (``import-log``, ``import-record``, ``import-head``,
+``copy-exported``)."""
+_kill_counts: dict[str, int] = {}
+
+
+def kill_point(name: str) -> None:
+    """A place where a test may kill this process (``$STASHPOINT_TEST_KILL_AT``, for tests
+    only): a crash between two writes of an import or a copy must leave nothing that a plain
+    re-run cannot finish, and a test can only show that by killing the real CLI exactly
+    there, not at a random instant. Unset, it costs one environment lookup."""
+    spec = os.environ.get(KILL_ENV)
+    if not spec:
+        return
+    point, _, count = spec.partition(":")
+    if point != name:
+        return
+    seen = _kill_counts[name] = _kill_counts.get(name, 0) + 1
+    if seen >= int(count or 1):
+        os.kill(os.getpid(), signal.SIGKILL)
 
 
 def _damaged(msg: str) -> IntegrityError:
@@ -738,6 +763,33 @@ class _Slot:
     sha: bytes
 
 
+class BundleSource(Protocol):
+    """What a bundle is read from: a file, or a file whose bytes are transformed on the way
+    (``stashpoint copy`` reads its temporary bundle through a cipher: see :mod:`.copy`)."""
+
+    def read(self, n: int) -> bytes:
+        """The next ``n`` bytes (fewer at the end)."""
+
+    def pread(self, n: int, offset: int) -> bytes:
+        """``n`` bytes at ``offset``, not moving the position ``read`` uses."""
+
+    def close(self) -> None: ...
+
+
+class _FileSource:
+    def __init__(self, f: BinaryIO) -> None:
+        self._f = f
+
+    def read(self, n: int) -> bytes:
+        return self._f.read(n)
+
+    def pread(self, n: int, offset: int) -> bytes:
+        return os.pread(self._f.fileno(), n, offset)
+
+    def close(self) -> None:
+        self._f.close()
+
+
 class Bundle:
     """A bundle file that passed every check that does not need the target store.
 
@@ -745,7 +797,7 @@ class Bundle:
     checked against the digest it had when it was validated.
     """
 
-    def __init__(self, path: Path, f: BinaryIO, size: int) -> None:
+    def __init__(self, path: Path, f: BundleSource, size: int) -> None:
         self.path = path
         self._f = f
         self.size = size
@@ -768,7 +820,7 @@ class Bundle:
         slot = self.slots[digest]
         data = self._cache.get(digest)
         if data is None:
-            data = os.pread(self._f.fileno(), slot.length, slot.offset)
+            data = self._f.pread(slot.length, slot.offset)
             if hashlib.sha256(data).digest() != slot.sha:
                 raise _damaged(f"{self.path} changed while it was being imported")
         return data
@@ -806,9 +858,31 @@ def read_bundle(
         raise UsageError(f"cannot read {p}: {exc.strerror}") from None
     f = os.fdopen(fd, "rb")
     try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
             raise UsageError(f"{p} is not a regular file")
-        bundle = _Reader(p, f, limits, progress).read()
+    except BaseException:
+        f.close()
+        raise
+    return read_bundle_from(
+        _FileSource(f), st.st_size, p, hasher=hasher, limits=limits, progress=progress
+    )
+
+
+def read_bundle_from(
+    source: BundleSource,
+    size: int,
+    name: str | os.PathLike[str],
+    *,
+    hasher: ChainHasher | None = None,
+    limits: Limits | None = None,
+    progress: Callable[[int, int], None] | None = None,
+) -> Bundle:
+    """:func:`read_bundle` of ``size`` bytes read from ``source`` (``name`` is what messages
+    call it). The bundle owns ``source`` from here on: it is closed with it, or on an error."""
+    p, limits = Path(name), limits or Limits()
+    try:
+        bundle = _Reader(p, source, size, limits, progress).read()
         bundle.checked = _Checker(bundle.contents, hasher or ChainHasher(), limits).run()
         for digest in bundle.checked.list_sizes:  # whole-file digests of chunked files
             whole = hashlib.sha256()
@@ -819,18 +893,23 @@ def read_bundle(
                 raise _damaged(f"chunked content {digest.hex()[:16]} does not match its digest")
         return bundle
     except BaseException:
-        f.close()
+        source.close()
         raise
 
 
 class _Reader:
     def __init__(
-        self, path: Path, f: BinaryIO, limits: Limits, progress: Callable[[int, int], None] | None
+        self,
+        path: Path,
+        f: BundleSource,
+        size: int,
+        limits: Limits,
+        progress: Callable[[int, int], None] | None,
     ) -> None:
         self.f = f
         self.limits = limits
         self.progress = progress
-        self.size = os.fstat(f.fileno()).st_size
+        self.size = size
         self.pos = 0
         self.bundle = Bundle(path, f, self.size)
         self.meta_bytes = 0
@@ -1347,10 +1426,13 @@ def import_bundle(
     then re-sealed into that new session with new ids, each naming its origin in ``meta``).
 
     Writes go blobs -> logs -> records -> heads, so a crash leaves only unreferenced rows that
-    a rerun skips or completes. Another writer moving a branch meanwhile, or a GC condemning
-    blobs after they were found present (the ``gc_epoch`` fence), is a ConflictError; a session
-    another worker holds a live lease on is refused (LeaseHeld) before the first write. Every
-    record the bundle carries ends with the bundle's label, or none (a re-run carries changes).
+    a rerun skips or completes. Imported ``as_session``, the new ids are noted in the store
+    before the first write (see :class:`_PendingImport`): running the same import again
+    reuses them, so it completes the half-done session instead of being refused as existing.
+    Another writer moving a branch meanwhile, or a GC condemning blobs after they were found
+    present (the ``gc_epoch`` fence), is a ConflictError; a session another worker holds a live
+    lease on is refused (LeaseHeld) before the first write. Every record the bundle carries
+    ends with the bundle's label, or none (a re-run carries changes).
     """
     checked = bundle.checked
     if checked is None:
@@ -1371,12 +1453,30 @@ def import_bundle(
     else:  # checked by read_bundle under the key it was given, sealed again under ours: this
         records = list(checked.records)  # is how a store is encrypted or re-keyed
 
+    pending: _PendingImport | None = None
     if as_session is not None:
-        if meta.branches(session) or meta.list_checkpoints(session, limit=1):
-            raise UsageError(f"session {session!r} exists in this store; --as needs a new name")
-        log_ids = {name: new_id() for name in checked.logs}
-        rows, report.ids = _reseal(store, records, session, log_ids, bundle.digest)
-        new_rows = rows
+        pending = _PendingImport.find(meta, session, records)
+        if pending is None:
+            if meta.branches(session) or meta.list_checkpoints(session, limit=1):
+                raise UsageError(f"session {session!r} exists in this store; --as needs a new name")
+            pending = _PendingImport(bundle.digest, {}, {})
+        resumed = bool(pending.records or pending.logs)
+        log_ids = {name: pending.logs.get(name) or new_id() for name in checked.logs}
+        rows, report.ids = _reseal(store, records, session, log_ids, pending)
+        pending.logs = log_ids
+        pending.records = {cp.id: (report.ids[cp.id], rec.digest) for cp, rec in records}
+        new_rows = []
+        for row in rows:  # a re-run: what the interrupted import wrote is there, same digest
+            existing = meta.get_checkpoint(row.id) if resumed else None
+            if existing is None:
+                new_rows.append(row)
+            elif existing.digest != row.digest:
+                raise Clash(
+                    f"refusing bundle: checkpoint {row.id} of the interrupted import into "
+                    f"{session!r} has other contents than this bundle gives it"
+                )
+            else:
+                report.present += 1
     else:
         log_ids = {name: name for name in checked.logs}
         rows = [
@@ -1404,11 +1504,15 @@ def import_bundle(
                 report.present += 1
         report.ids = {row.id: row.id for row in rows}
     logs = _plan_logs(store, bundle, checked.logs, log_ids, session)
-    parents = {cp.id: cp.parent for cp, _rec in records}
+    # In the store's ids: a re-run of an interrupted import --as finds heads it set itself.
+    ids = report.ids
+    parents: dict[str, str | None] = {
+        ids[cp.id]: ids.get(cp.parent, cp.parent) for cp, _rec in records if cp.parent
+    }
     heads: list[tuple[str, str, str | None]] = []
     for branch, head in sorted(m.heads.items()):
-        action, current = _head_action(store, session, branch, head, parents)
-        target = report.ids[head]
+        target = ids[head]
+        action, current = _head_action(store, session, branch, target, parents)
         report.heads[branch] = {"head": target, "action": action}
         if action in ("created", "fast-forward"):
             heads.append((branch, target, current))
@@ -1434,12 +1538,16 @@ def import_bundle(
     lease = meta.lease_info(session)
     if lease is not None and lease.expires_in > 0:  # refuse before writing anything
         raise lease_held(session, lease.owner, lease.expires_in)
+    if pending is not None:  # before the first write: a re-run must find the ids it reuses
+        meta.set_meta(pending.key(session), pending.to_json())
     _write_objects(store, bundle, checked, have, report, progress)
     for plan in logs:  # session=: refused in the append's own transaction if leased meanwhile
         meta.append_log(LogAppend(plan.log, plan.start, plan.rows, plan.new, session=session))
+        kill_point("import-log")
     try:
         for row in new_rows:
             meta.commit(Commit(row, None, move_head=False, gc_epoch=epoch))
+            kill_point("import-record")
     except GcEpochChanged:
         raise ConflictError(
             "a garbage collection began during the import; run it again (what was written "
@@ -1448,6 +1556,7 @@ def import_bundle(
     for branch, target, current in heads:
         _bind_imported(store, session, branch, current)
         meta.set_head(session, branch, target, current)
+        kill_point("import-head")
     for ident, label in sorted(labels.items(), key=lambda kv: kv[1] is not None):
         meta.set_label(ident, session, label)  # removals first: a moved label is never twice
     # Marks after their records (a mark needs its record): a crash between leaves one unmarked.
@@ -1457,6 +1566,8 @@ def import_bundle(
             by_time.setdefault(when, []).append(report.ids[ident])
     for when, idents in sorted(by_time.items()):
         report.pruned += len(meta.mark_pruned(session, idents, when))
+    if pending is not None:
+        meta.set_meta(pending.key(session), None)  # complete: the session is an ordinary one
     return report
 
 
@@ -1473,6 +1584,67 @@ def _bind_imported(store: Store, session: str, branch: str, current: str | None)
         restore_target.bind(store.meta, session, branch, Path(here.workspace.root))
     else:
         restore_target.unbind(store.meta, session, branch)
+
+
+@dataclass
+class _PendingImport:
+    """The ids an import ``as_session`` gives the records and logs it writes, noted in the
+    store (meta ``import:<session>``) before its first write and removed after its last.
+
+    Why: those ids are new, so a crash midway leaves records of a session with no head, or
+    logs no record names, which a plain re-run would refuse ("session exists") or duplicate.
+    With the note, a re-run that carries the same records (same original ids and digests: the
+    same bundle, or a new export of the same history, as ``stashpoint copy --as`` makes on each
+    run) reuses those ids: what was written is found present and the rest is completed. A
+    bundle with other records is refused while the note is there."""
+
+    bundle: str
+    """The digest of the bundle the import began with (each record's ``stashpoint_import``
+    names it, also the ones a re-run writes: records of one import are sealed alike)."""
+    records: dict[str, tuple[str, str]]
+    """Original id -> (id here, original digest)."""
+    logs: dict[str, str]
+    """Original log id -> log id here."""
+
+    PREFIX = "import:"
+
+    @classmethod
+    def key(cls, session: str) -> str:
+        return f"{cls.PREFIX}{session}"
+
+    def to_json(self) -> str:
+        return json.dumps(
+            {"bundle": self.bundle, "records": self.records, "logs": self.logs},
+            separators=(",", ":"),
+        )
+
+    @classmethod
+    def find(
+        cls, meta: MetadataStore, session: str, records: list[tuple[Checkpoint, RecordEntry]]
+    ) -> _PendingImport | None:
+        """The interrupted import into ``session`` that these records continue, if any."""
+        raw = meta.get_meta(cls.key(session))
+        if raw is None:
+            return None
+        try:
+            data = json.loads(raw)
+            note = cls(
+                str(data["bundle"]),
+                {k: (str(v[0]), str(v[1])) for k, v in data["records"].items()},
+                {str(k): str(v) for k, v in data["logs"].items()},
+            )
+        except (ValueError, TypeError, KeyError, IndexError):
+            raise IntegrityError(
+                f"the note of an interrupted import into session {session!r} is unreadable"
+            ) from None
+        digests = {cp.id: rec.digest for cp, rec in records}
+        if any(digests.get(orig) != digest for orig, (_id, digest) in note.records.items()):
+            raise UsageError(
+                f"session {session!r} holds an interrupted import of another bundle "
+                f"({note.bundle[:16]}); import that bundle --as {session!r} again to finish "
+                "it, or import this one as another session"
+            )
+        return note
 
 
 def _check_ids(meta: MetadataStore, checkpoints: list[str], logs: list[str]) -> None:
@@ -1493,16 +1665,24 @@ def _reseal(
     records: list[tuple[Checkpoint, RecordEntry]],
     session: str,
     log_ids: dict[str, str],
-    bundle_digest: str,
+    pending: _PendingImport,
 ) -> tuple[list[CheckpointRow], dict[str, str]]:
-    """The records as a new session: new ids, new log ids, the chain sealed again here."""
+    """The records as a new session: new ids (those an interrupted import of them gave them,
+    if any), new log ids, the chain sealed again here. Sealing is deterministic, so a record
+    the interrupted import wrote comes out the same and is found present."""
     ids: dict[str, str] = {}
     digests: dict[str, str] = {}
     rows = []
     for cp, rec in records:
-        ids[cp.id] = new_id()
+        known = pending.records.get(cp.id)
+        ids[cp.id] = known[0] if known is not None else new_id()
         parent = ids[cp.parent] if cp.parent is not None else None
-        origin = {"id": cp.id, "digest": rec.digest, "session": cp.session, "bundle": bundle_digest}
+        origin = {
+            "id": cp.id,
+            "digest": rec.digest,
+            "session": cp.session,
+            "bundle": pending.bundle,
+        }
         new = msgspec.structs.replace(
             _remap_logs(cp, log_ids.__getitem__),
             id=ids[cp.id],

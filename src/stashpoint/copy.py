@@ -9,9 +9,12 @@ log or branch that the destination holds with other contents refuses the copy wi
 :class:`~stashpoint.errors.ConflictError` (exit 3). Then the copied sessions are verified in
 the destination as ``stashpoint verify`` would (an :class:`IntegrityError`, exit 2, if not).
 
-The temporary bundle lives under ``TMPDIR`` (one session at a time, deleted after). A bundle
-holds plaintext, so when either store is encrypted it lives in memory instead (``/dev/shm``)
-where the machine has one: an encrypted store's contents never reach a disk unencrypted.
+The temporary bundle (one session at a time) is a file with no name in ``TMPDIR``: the kernel
+frees it when the copy ends, however it ends, so a killed copy leaves nothing to sweep. When
+either store is encrypted, the bundle is also sealed on its way to the file (AES-CTR under a
+random key that only this process ever holds): an encrypted store's contents never reach a
+disk, or memory outside the process, unencrypted. Its integrity needs no MAC of its own: every
+byte read back is checked against the bundle's SHA-256 digests, as an imported bundle is.
 
 Carried: checkpoints with their hash chain, branch heads, labels, pruned marks, conversation
 and journal logs, and every blob they reference. Not carried: stat caches, GC marks, and the
@@ -20,20 +23,22 @@ journal entries of a live durable run after its last checkpoint (export warns ab
 
 from __future__ import annotations
 
+import io
 import os
 import re
 import tempfile
-import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote_plus, urlsplit
 
 from ._fsutil import TMP_MARK
 from ._store import Problem, Store
-from .bundle import Clash, export_bundle, import_bundle, read_bundle
+from .bundle import Clash, _Exporter, import_bundle, kill_point, read_bundle_from
 from .errors import ConflictError, IntegrityError, NotFoundError, StoreError, UsageError
-from .session import StashpointWarning
+
+if TYPE_CHECKING:
+    from _typeshed import ReadableBuffer
 
 __all__ = ["CopyReport", "copy_sessions"]
 
@@ -105,69 +110,145 @@ def copy_sessions(
         raise NotFoundError(f"{shown} has no sessions with checkpoints to copy")
     report = CopyReport(shown, printable_url(dest.url))
     done = 0
-    where = _temp_parent(source, dest)
-    with tempfile.TemporaryDirectory(prefix=TMP_MARK, dir=where) as tmp:
-        for name in names:
-            path = os.path.join(tmp, "session.spb")
-            base = done
+    sealed = source.cipher is not None or dest.cipher is not None
+    for name in names:
+        base = done
 
-            def step(n: int, nbytes: int, base: int = base) -> None:
-                if progress is not None:
-                    progress(base + n, nbytes)
+        def step(n: int, nbytes: int, base: int = base) -> None:
+            if progress is not None:
+                progress(base + n, nbytes)
 
+        ex = _Exporter(source, name, step)
+        rows = ex.select(None)
+        tmp = _TempBundle(sealed)
+        try:
+            ex.write(tmp.writer, rows, None)
+            tmp.writer.flush()
+        except OSError as exc:
+            tmp.close()
+            raise StoreError(
+                f"cannot write the temporary bundle for session {name!r} in "
+                f"{tempfile.gettempdir()}: {exc.strerror or exc}; set TMPDIR to a place with room"
+            ) from exc
+        except BaseException:
+            tmp.close()
+            raise
+        kill_point("copy-exported")
+        # Checked under the key it was sealed with; sealed again on import when renamed.
+        hasher = dest.hasher if as_session is None else source.hasher.plain()
+        with read_bundle_from(
+            tmp, tmp.size, f"the temporary bundle of {name!r}", hasher=hasher
+        ) as b:
             try:
-                export_bundle(source, path, session=name, overwrite=True, progress=step)
-            except OSError as exc:
-                hint = (
-                    "an encrypted store's plaintext stays in memory: free some, or copy one "
-                    "session at a time (--session)"
-                    if where is not None
-                    else "set TMPDIR to a place with room"
-                )
-                raise StoreError(
-                    f"cannot write the temporary bundle for session {name!r} in {tmp}: "
-                    f"{exc.strerror or exc}; {hint}"
-                ) from exc
-            # Checked under the key it was sealed with; sealed again on import when renamed.
-            hasher = dest.hasher if as_session is None else source.hasher.plain()
-            with read_bundle(path, hasher=hasher) as bundle:
-                try:
-                    rep = import_bundle(dest, bundle, as_session=as_session, progress=step)
-                except Clash as exc:
-                    raise ConflictError(
-                        f"copying session {name!r}: {exc}".replace("refusing bundle: ", "")
-                    ) from None
-            os.unlink(path)
-            report.sessions.append(as_session or name)
-            report.checkpoints += rep.checkpoints
-            report.present += rep.present
-            report.blobs += rep.objects
-            report.blobs_present += rep.objects_present
-            report.bytes += rep.bytes
-            report.heads[as_session or name] = rep.heads
-            done += rep.objects
+                rep = import_bundle(dest, b, as_session=as_session, progress=step)
+            except Clash as exc:
+                raise ConflictError(
+                    f"copying session {name!r}: {exc}".replace("refusing bundle: ", "")
+                ) from None
+        report.sessions.append(as_session or name)
+        report.checkpoints += rep.checkpoints
+        report.present += rep.present
+        report.blobs += rep.objects
+        report.blobs_present += rep.objects_present
+        report.bytes += rep.bytes
+        report.heads[as_session or name] = rep.heads
+        done += rep.objects
     report.problems = _verify(dest, report.sessions, progress)
     report.verified = not report.problems
     return report
 
 
-SHM = "/dev/shm"
+class _Keystream:
+    """AES-256-CTR under a key made for one temporary bundle and never stored: what a killed
+    copy leaves on a disk (a file's freed blocks) cannot be read. CTR because the bundle is
+    read back at any offset; integrity comes from the bundle's own digests."""
+
+    def __init__(self) -> None:
+        from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
+
+        self._cipher, self._algorithms, self._modes = Cipher, algorithms, modes
+        self._key = os.urandom(32)
+        self._iv = int.from_bytes(os.urandom(16), "big")
+        self._writing = self._at(0)
+        self._reading = self._at(0)
+
+    def _at(self, offset: int) -> Any:
+        block, _skip = divmod(offset, 16)
+        counter = ((self._iv + block) % (1 << 128)).to_bytes(16, "big")
+        return self._cipher(self._algorithms.AES(self._key), self._modes.CTR(counter)).encryptor()
+
+    def seal_next(self, data: bytes) -> bytes:
+        """The next bytes written, in file order."""
+        out: bytes = self._writing.update(data)
+        return out
+
+    def open_next(self, data: bytes) -> bytes:
+        """The next bytes read in file order (a separate stream from the writes)."""
+        out: bytes = self._reading.update(data)
+        return out
+
+    def open_at(self, data: bytes, offset: int) -> bytes:
+        skip = offset % 16
+        out: bytes = self._at(offset).update(bytes(skip) + data)
+        return out[skip:]
 
 
-def _temp_parent(source: Store, dest: Store) -> str | None:
-    """Where the temporary bundle goes (None: TMPDIR). A bundle is plaintext: for an
-    encrypted store, memory (``/dev/shm``) when the machine has it; else TMPDIR, said aloud."""
-    if source.cipher is None and dest.cipher is None:
-        return None
-    if os.path.isdir(SHM) and os.access(SHM, os.W_OK | os.X_OK):
-        return SHM
-    warnings.warn(
-        f"copying an encrypted store through a plaintext temporary bundle in "
-        f"{tempfile.gettempdir()} (no {SHM} here); it is deleted after each session",
-        StashpointWarning,
-        stacklevel=3,
-    )
-    return None
+class _TempBundle(io.RawIOBase):
+    """The bundle a copy goes through: a file with no name (``O_TMPFILE``; elsewhere created
+    and unlinked at once), sealed when ``sealed``. Written through :attr:`writer`, then read
+    as a :class:`~stashpoint.bundle.BundleSource`; closing it frees the file."""
+
+    def __init__(self, sealed: bool) -> None:
+        super().__init__()
+        # Closed by close(), which the bundle reading it calls (or the copy, on an error).
+        self._file = tempfile.TemporaryFile(prefix=TMP_MARK, buffering=0)  # noqa: SIM115
+        self._fd = self._file.fileno()
+        self._keys = _Keystream() if sealed else None
+        self.size = 0
+        """Bytes written."""
+        self._pos = 0
+        """Bytes of the file read (and opened) so far, in order."""
+        self._buf = b""
+        self._off = 0
+        """Where the next read starts in ``_buf``."""
+        self.writer = io.BufferedWriter(self, buffer_size=1 << 20)
+
+    # -- writing (through self.writer) --------------------------------------------------
+    def writable(self) -> bool:
+        return True
+
+    def write(self, b: ReadableBuffer, /) -> int:
+        data = bytes(b)
+        out = self._keys.seal_next(data) if self._keys is not None else data
+        view = memoryview(out)
+        while view:
+            view = view[os.pwrite(self._fd, view, self.size + len(out) - len(view)) :]
+        self.size += len(data)
+        return len(data)
+
+    # -- reading (BundleSource) ---------------------------------------------------------
+    def read(self, n: int = -1, /) -> bytes:
+        if n < 0:
+            n = self.size
+        while len(self._buf) - self._off < n and self._pos < self.size:
+            raw = os.pread(self._fd, max(n, 1 << 20), self._pos)
+            if not raw:
+                break
+            self._pos += len(raw)
+            plain = self._keys.open_next(raw) if self._keys is not None else raw
+            self._buf, self._off = self._buf[self._off :] + plain, 0
+        out = self._buf[self._off : self._off + n]
+        self._off += len(out)
+        return out
+
+    def pread(self, n: int, offset: int) -> bytes:
+        raw = os.pread(self._fd, n, offset)
+        return self._keys.open_at(raw, offset) if self._keys is not None else raw
+
+    def close(self) -> None:
+        if not self.closed:
+            self._file.close()
+        super().close()
 
 
 _SECRET_PARAM = re.compile(r"password|secret|token", re.IGNORECASE)
