@@ -19,7 +19,13 @@ from pathlib import Path
 from typing import Any
 
 from .._fsutil import mkdir_private
-from ..errors import ConflictError, SchemaVersionError, StoreError
+from ..errors import (
+    ConflictError,
+    IntegrityError,
+    SchemaVersionError,
+    StashpointError,
+    StoreError,
+)
 from ._sql import TABLES, TABLES_V2, TABLES_V3, SqlStore
 from .base import Commit
 
@@ -77,9 +83,22 @@ class SqliteStore(SqlStore):
             self._migrate()
             self._wal_target = self._wal_size_at_reset()
         except sqlite3.Error as exc:
-            raise StoreError(
-                f"cannot open SQLite store {self.path}: {exc}{_full(self.path)}"
-            ) from exc
+            raise self._failed(exc, f"cannot open SQLite store {self.path}", full=True) from exc
+
+    def _failed(self, exc: sqlite3.Error, what: str, *, full: bool = False) -> StashpointError:
+        """The library's error for a driver error, decided here for every statement.
+
+        Why: SQLite reports a damaged file (corrupt bytes in its pages: "database disk image is
+        malformed", or a header that is no longer SQLite's) as a plain ``DatabaseError``; as a
+        StoreError every command exited 1, as if the backend were merely unavailable. Stored
+        data that no longer reads back is an integrity failure (exit 2), like a bad digest.
+        ``full`` adds the full-disk hint to errors of writes and opens."""
+        if _damaged(exc):
+            return IntegrityError(
+                f"SQLite store {self.path} is damaged: {exc}; restore the file from a backup "
+                "(`sqlite3 FILE .recover` may salvage what is left)"
+            )
+        return StoreError(f"{what}: {exc}{_full(self.path) if full else ''}")
 
     def _migrate(self) -> None:
         version = self._db.execute("PRAGMA user_version").fetchone()[0]
@@ -174,7 +193,7 @@ class SqliteStore(SqlStore):
             try:
                 return self._db.execute(sql, args).fetchall()
             except sqlite3.Error as exc:
-                raise StoreError(f"SQLite read failed: {exc}") from exc
+                raise self._failed(exc, "SQLite read failed") from exc
 
     def _tx(self, fn: Callable[..., Any], *args: Any) -> Any:
         """Run ``fn(db, *args)`` inside BEGIN IMMEDIATE ... COMMIT, in this process's turn, at
@@ -189,7 +208,7 @@ class SqliteStore(SqlStore):
                     self._sync_now = want
                 db.execute("BEGIN IMMEDIATE")
             except sqlite3.Error as exc:
-                raise StoreError(f"SQLite write failed: {exc}") from exc
+                raise self._failed(exc, "SQLite write failed") from exc
             if self._wal_target and self._commits >= WAL_GROW_AFTER:
                 self._grow_wal()
             try:
@@ -204,7 +223,7 @@ class SqliteStore(SqlStore):
                 if isinstance(exc, sqlite3.IntegrityError):
                     raise ConflictError(f"another writer got there first: {exc}") from exc
                 if isinstance(exc, sqlite3.Error):
-                    raise StoreError(f"SQLite write failed: {exc}{_full(self.path)}") from exc
+                    raise self._failed(exc, "SQLite write failed", full=True) from exc
                 raise
 
     def commit(self, commit: Commit) -> None:
@@ -245,7 +264,7 @@ class SqliteStore(SqlStore):
                 self._db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
                 self._wal_target = self._wal_size_at_reset()  # the WAL is empty again
             except sqlite3.Error as exc:
-                raise StoreError(f"SQLite vacuum failed: {exc}") from exc
+                raise self._failed(exc, "SQLite vacuum failed") from exc
 
     def close(self) -> None:
         with self._lock:
@@ -326,6 +345,18 @@ def _after_fork() -> None:
 
 if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_after_fork)
+
+
+_CORRUPT, _NOTADB = 11, 26  # SQLITE_CORRUPT, SQLITE_NOTADB (primary result codes)
+
+
+def _damaged(exc: sqlite3.Error) -> bool:
+    """Whether SQLite found the database file itself damaged (not busy, full or read-only)."""
+    code = getattr(exc, "sqlite_errorcode", None)  # Python 3.11+
+    if isinstance(code, int):
+        return code & 0xFF in (_CORRUPT, _NOTADB)
+    text = str(exc)
+    return "malformed" in text or "not a database" in text
 
 
 def _full(path: Path) -> str:
