@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import sqlite3
+import uuid
 from collections.abc import Callable, Iterator
 from contextlib import closing
 from pathlib import Path
@@ -172,3 +173,34 @@ def test_a_malformed_database_page_fails_every_command_with_exit_2(sp: Sp, tmp_p
         assert res.code == EXIT_INTEGRITY, (command, res)
         assert "Traceback" not in res.err, res.err
         assert "damaged" in res.err and "malformed" in res.err and str(db) in res.err, res.err
+
+
+# -- an unreachable PostgreSQL fails at once, in one line ------------------------------------
+
+
+@pytest.mark.parametrize("where", ["missing database", "closed port"])
+def test_an_unreachable_postgres_store_fails_in_one_line(
+    sp: Sp, tmp_path: Path, where: str
+) -> None:
+    from urllib.parse import urlsplit
+
+    from .test_postgres import BASE_URL, _server_or_skip
+
+    _server_or_skip()  # the missing database needs a server that says so
+    parts = urlsplit(BASE_URL)
+    if where == "missing database":
+        url = parts._replace(path="/sp_no_such_db_" + uuid.uuid4().hex[:8]).geturl()
+        reason = "does not exist"
+    else:
+        url = parts._replace(netloc=f"{parts.username or 'postgres'}@127.0.0.1:1").geturl()
+        reason = "refused"
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    for command in (["log"], ["snap", "-m", "x"]):
+        res = sp("--store", url, *command, cwd=ws, check=False)
+        assert res.code == EXIT_USER, res
+        lines = res.err.splitlines()
+        assert len(lines) == 1, res.err  # no pool warnings, no libpq hint lines
+        assert lines[0].startswith("error: cannot connect to PostgreSQL:"), res.err
+        assert reason in lines[0], res.err
+        assert "pool" not in res.err, res.err
