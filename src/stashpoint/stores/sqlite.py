@@ -12,6 +12,7 @@ import os
 import sqlite3
 import threading
 import time
+import warnings
 import weakref
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -74,16 +75,44 @@ class SqliteStore(SqlStore):
             if not self.path.exists():
                 mkdir_private(self.path.parent)  # a store's directories: 0700, like its files
                 os.close(os.open(self.path, os.O_CREAT | os.O_WRONLY, 0o600))
-            self._db = sqlite3.connect(
-                self.path, timeout=30.0, isolation_level=None, check_same_thread=False
-            )
-            self._wal_mode()
+            try:
+                self._connect(exclusive=_no_room_for_shm(self.path))
+            except sqlite3.OperationalError as exc:
+                if getattr(exc, "sqlite_errorcode", None) not in _NO_SHARED_MEMORY:
+                    raise
+                self._connect(exclusive=True)  # the disk filled up since we looked
             self._db.execute(f"PRAGMA synchronous={synchronous}")
             self._db.execute("PRAGMA busy_timeout=30000")
             self._migrate()
             self._wal_target = self._wal_size_at_reset()
         except sqlite3.Error as exc:
             raise self._failed(exc, f"cannot open SQLite store {self.path}", full=True) from exc
+
+    def _connect(self, *, exclusive: bool) -> None:
+        """Open the connection and make sure the database is in WAL mode.
+
+        ``exclusive`` (a full disk): keep the WAL index in this process's memory instead of
+        the shared ``-shm`` file, holding the database's lock until the store closes. Why:
+        SQLite sizes a new ``-shm`` file to 32 KiB with real writes, so on a full disk no
+        command could open the store at all, not even ``verify``, ``log`` or ``gc``, which
+        frees space. Only then, when no other process has the store open (one that did would
+        have the file sized already), so the lock shuts no one out but later openers, who
+        wait."""
+        db = sqlite3.connect(self.path, timeout=30.0, isolation_level=None, check_same_thread=False)
+        try:
+            if exclusive:
+                db.execute("PRAGMA locking_mode=EXCLUSIVE")  # before the first read: no -shm
+            self._db = db
+            self._wal_mode()
+        except BaseException:
+            db.close()
+            raise
+        if exclusive:
+            warnings.warn(
+                f"the disk holding {self.path} is full: the store is open for this process "
+                "alone until it ends (others wait); free space (`stashpoint gc`)",
+                stacklevel=4,
+            )
 
     def _failed(self, exc: sqlite3.Error, what: str, *, full: bool = False) -> StashpointError:
         """The library's error for a driver error, decided here for every statement.
@@ -345,6 +374,33 @@ def _after_fork() -> None:
 
 if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_after_fork)
+
+
+_NO_SHARED_MEMORY = (4618, 4874, 5386)
+"""SQLITE_IOERR_SHMOPEN, _SHMSIZE, _SHMMAP: the ``-shm`` file cannot be made, sized or mapped
+(a full disk): the store opens with its WAL index in private memory (``_connect``)."""
+_SHM_SIZE = 32 << 10
+"""What SQLite writes into a new ``-shm`` file before it can read the WAL (its first region)."""
+
+
+def _no_room_for_shm(path: Path) -> bool:
+    """Whether the ``-shm`` file would have to grow on a disk without room for it.
+
+    Looked at before opening, not learnt from the failure: SQLite fills the new file page by
+    page until the disk is full, so a failed try would itself take the last free bytes (the
+    ones ``gc`` needs to write the transaction that frees space)."""
+    import shutil
+
+    try:
+        have = os.stat(f"{path}-shm").st_size
+    except OSError:
+        have = 0
+    if have >= _SHM_SIZE:
+        return False  # sized already (another process may have it open right now)
+    try:
+        return shutil.disk_usage(path.parent).free < _SHM_SIZE - have + (64 << 10)
+    except OSError:
+        return False
 
 
 _CORRUPT, _NOTADB = 11, 26  # SQLITE_CORRUPT, SQLITE_NOTADB (primary result codes)
