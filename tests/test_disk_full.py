@@ -113,3 +113,35 @@ def test_a_rewind_into_a_full_disk_names_the_file_it_could_not_write(
     filler.unlink()
     sp(*store, "log", cwd=ws)  # completes the interrupted rewind now that there is room
     assert (ws / "big.bin").stat().st_size == 1 << 20
+
+
+def test_a_full_disk_still_opens_the_store_for_reading_and_for_gc(
+    sp: Any, tmp_path: Path, tiny_fs: Path
+) -> None:
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    store = ["--store", str(tiny_fs / "st")]
+    (ws / "big.bin").write_bytes(os.urandom(1500 << 10))  # chunks in the blob directory
+    old = json.loads(sp(*store, "snap", "-m", "big", "--json", cwd=ws).out)
+    (ws / "big.bin").unlink()
+    (ws / "a.txt").write_text("small\n")
+    head = json.loads(sp(*store, "snap", "-m", "small", "--json", cwd=ws).out)
+    sp(*store, "prune", "--keep-last", "1", cwd=ws)
+    filler = _fill(tiny_fs, 16 << 10)
+    assert shutil.disk_usage(tiny_fs).free <= 16 << 10
+
+    for command in (["verify"], ["log"], ["show", "HEAD"]):
+        res = sp(*store, *command, cwd=ws, check=False)
+        assert res.code == 0 and "Traceback" not in res.err, (command, res)
+    log = json.loads(sp(*store, "log", "--json", cwd=ws).out)
+    assert [c["id"] for c in log] == [head["id"], old["id"]]
+    res = sp(*store, "gc", cwd=ws, check=False)
+    assert res.code == 0 and "freed 1.5 MiB: 4 blobs" in res.out, res
+    assert shutil.disk_usage(tiny_fs).free > 1 << 20  # the remedy worked
+    assert sp(*store, "verify", cwd=ws).code == 0
+
+    filler.unlink()  # with room again, the store opens as usual and takes a checkpoint
+    (ws / "a.txt").write_text("more\n")
+    again = json.loads(sp(*store, "snap", "-m", "again", "--json", cwd=ws).out)
+    assert again["parent"] == head["id"]
+    assert "warning" not in sp(*store, "log", cwd=ws).err

@@ -442,9 +442,26 @@ class Session:
             raise NotFoundError(f"checkpoint {cp.id} belongs to session {cp.session!r}")
         return cp
 
-    def history(self, *, limit: int | None = None) -> list[Checkpoint]:
-        """All checkpoints of the session, newest first, each verified with its chain link."""
-        rows = self.store.meta.list_checkpoints(self.name, limit=limit)
+    def history(
+        self, *, limit: int | None = None, damaged: list[IntegrityError] | None = None
+    ) -> list[Checkpoint]:
+        """All checkpoints of the session, newest first, each verified with its chain link.
+
+        Ordered by the parent chain, not by id: an id carries its process's clock, so two
+        processes committing in the same millisecond can give a child a smaller id than its
+        parent. A child always comes before its parent; among the rest the larger id (the
+        newer) comes first. Sorted in memory, from the one query that reads the rows.
+
+        ``damaged``: a list to collect the integrity error of each damaged record in, which
+        is then left out, so a caller can still show everything that is intact (``stashpoint
+        log``). Without it the first damaged record raises, as before.
+        """
+        from ._chain import WINDOW_SLACK, chain_order
+
+        window = None if limit is None else max(limit, 0) + WINDOW_SLACK
+        rows = chain_order(self.store.meta.list_checkpoints(self.name, limit=window))
+        if limit is not None:
+            rows = rows[: max(limit, 0)]
         by_id: dict[str, CheckpointRow] = {r.id: r for r in rows}
         out = []
         for row in rows:
@@ -459,7 +476,11 @@ class Session:
                             checkpoint=cp.id,
                         )
             except IntegrityError as exc:
-                raise self.store.with_last_good(exc, row) from None
+                error = self.store.with_last_good(exc, row)
+                if damaged is None:
+                    raise error from None
+                damaged.append(error)
+                continue
             out.append(cp)
         return out
 

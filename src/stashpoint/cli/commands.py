@@ -226,31 +226,46 @@ def _artifact_spec(spec: str, *, need_path: bool) -> tuple[str, str | None]:
 @json_option
 @pass_ctx
 def log(ctx: Ctx, graph: bool, limit: int | None) -> None:
-    """List the session's checkpoints, newest first.
+    """List the session's checkpoints, newest first (a child always before its parent).
+
+    A damaged record does not hide the rest: every intact checkpoint is listed (with --json
+    too: the list holds the intact ones), then each damaged record is named on stderr and the
+    command exits 2 (`stashpoint verify` checks the whole store).
 
     \b
     Example:
       stashpoint log --graph
       stashpoint log --json | jq '.[0].id'
     """
+    from ..errors import IntegrityError
+
     session = ctx.session(files=False)
-    cps = session.history(limit=limit)
+    damaged: list[IntegrityError] = []
+    cps = session.history(limit=limit, damaged=damaged)
     labels = session.labels()
     if ctx.json:
         emit(ctx, [_cp_json(session, cp, labels) for cp in cps])
-        return
-    if not cps:
+    elif not cps and not damaged:
         click.echo(f"session {session.name!r} has no checkpoints yet")
-        return
-    heads: dict[str, list[str]] = {}
-    for branch, head in session.branches().items():
-        marker = f"HEAD -> {branch}" if branch == session.branch else branch
-        heads.setdefault(head, []).append(marker)
-    if not graph:
-        for cp in cps:
-            click.echo(_line(cp, labels, heads))
-        return
-    _draw_graph(cps, labels, heads, session.head.id if session.head else None)
+    elif cps:
+        heads: dict[str, list[str]] = {}
+        for branch, head in session.branches().items():
+            marker = f"HEAD -> {branch}" if branch == session.branch else branch
+            heads.setdefault(head, []).append(marker)
+        if graph:
+            _draw_graph(cps, labels, heads, session.head.id if session.head else None)
+        else:
+            for cp in cps:
+                click.echo(_line(cp, labels, heads))
+    if damaged:
+        for exc in damaged:
+            click.echo(f"error: {exc}", err=True)
+        click.echo(
+            f"error: {len(damaged)} damaged checkpoint record(s) left out of this log; "
+            "run `stashpoint verify` to check the whole store",
+            err=True,
+        )
+        raise SystemExit(EXIT_INTEGRITY)
 
 
 def _draw_graph(

@@ -12,6 +12,7 @@ import os
 import sqlite3
 import threading
 import time
+import warnings
 import weakref
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -19,7 +20,13 @@ from pathlib import Path
 from typing import Any
 
 from .._fsutil import mkdir_private
-from ..errors import ConflictError, SchemaVersionError, StoreError
+from ..errors import (
+    ConflictError,
+    IntegrityError,
+    SchemaVersionError,
+    StashpointError,
+    StoreError,
+)
 from ._sql import TABLES, TABLES_V2, TABLES_V3, SqlStore
 from .base import Commit
 
@@ -68,18 +75,59 @@ class SqliteStore(SqlStore):
             if not self.path.exists():
                 mkdir_private(self.path.parent)  # a store's directories: 0700, like its files
                 os.close(os.open(self.path, os.O_CREAT | os.O_WRONLY, 0o600))
-            self._db = sqlite3.connect(
-                self.path, timeout=30.0, isolation_level=None, check_same_thread=False
-            )
-            self._wal_mode()
+            try:
+                self._connect(exclusive=_no_room_for_shm(self.path))
+            except sqlite3.OperationalError as exc:
+                if getattr(exc, "sqlite_errorcode", None) not in _NO_SHARED_MEMORY:
+                    raise
+                self._connect(exclusive=True)  # the disk filled up since we looked
             self._db.execute(f"PRAGMA synchronous={synchronous}")
             self._db.execute("PRAGMA busy_timeout=30000")
             self._migrate()
             self._wal_target = self._wal_size_at_reset()
         except sqlite3.Error as exc:
-            raise StoreError(
-                f"cannot open SQLite store {self.path}: {exc}{_full(self.path)}"
-            ) from exc
+            raise self._failed(exc, f"cannot open SQLite store {self.path}", full=True) from exc
+
+    def _connect(self, *, exclusive: bool) -> None:
+        """Open the connection and make sure the database is in WAL mode.
+
+        ``exclusive`` (a full disk): keep the WAL index in this process's memory instead of
+        the shared ``-shm`` file, holding the database's lock until the store closes. Why:
+        SQLite sizes a new ``-shm`` file to 32 KiB with real writes, so on a full disk no
+        command could open the store at all, not even ``verify``, ``log`` or ``gc``, which
+        frees space. Only then, when no other process has the store open (one that did would
+        have the file sized already), so the lock shuts no one out but later openers, who
+        wait."""
+        db = sqlite3.connect(self.path, timeout=30.0, isolation_level=None, check_same_thread=False)
+        try:
+            if exclusive:
+                db.execute("PRAGMA locking_mode=EXCLUSIVE")  # before the first read: no -shm
+            self._db = db
+            self._wal_mode()
+        except BaseException:
+            db.close()
+            raise
+        if exclusive:
+            warnings.warn(
+                f"the disk holding {self.path} is full: the store is open for this process "
+                "alone until it ends (others wait); free space (`stashpoint gc`)",
+                stacklevel=4,
+            )
+
+    def _failed(self, exc: sqlite3.Error, what: str, *, full: bool = False) -> StashpointError:
+        """The library's error for a driver error, decided here for every statement.
+
+        Why: SQLite reports a damaged file (corrupt bytes in its pages: "database disk image is
+        malformed", or a header that is no longer SQLite's) as a plain ``DatabaseError``; as a
+        StoreError every command exited 1, as if the backend were merely unavailable. Stored
+        data that no longer reads back is an integrity failure (exit 2), like a bad digest.
+        ``full`` adds the full-disk hint to errors of writes and opens."""
+        if _damaged(exc):
+            return IntegrityError(
+                f"SQLite store {self.path} is damaged: {exc}; restore the file from a backup "
+                "(`sqlite3 FILE .recover` may salvage what is left)"
+            )
+        return StoreError(f"{what}: {exc}{_full(self.path) if full else ''}")
 
     def _migrate(self) -> None:
         version = self._db.execute("PRAGMA user_version").fetchone()[0]
@@ -174,7 +222,7 @@ class SqliteStore(SqlStore):
             try:
                 return self._db.execute(sql, args).fetchall()
             except sqlite3.Error as exc:
-                raise StoreError(f"SQLite read failed: {exc}") from exc
+                raise self._failed(exc, "SQLite read failed") from exc
 
     def _tx(self, fn: Callable[..., Any], *args: Any) -> Any:
         """Run ``fn(db, *args)`` inside BEGIN IMMEDIATE ... COMMIT, in this process's turn, at
@@ -189,7 +237,7 @@ class SqliteStore(SqlStore):
                     self._sync_now = want
                 db.execute("BEGIN IMMEDIATE")
             except sqlite3.Error as exc:
-                raise StoreError(f"SQLite write failed: {exc}") from exc
+                raise self._failed(exc, "SQLite write failed") from exc
             if self._wal_target and self._commits >= WAL_GROW_AFTER:
                 self._grow_wal()
             try:
@@ -204,7 +252,7 @@ class SqliteStore(SqlStore):
                 if isinstance(exc, sqlite3.IntegrityError):
                     raise ConflictError(f"another writer got there first: {exc}") from exc
                 if isinstance(exc, sqlite3.Error):
-                    raise StoreError(f"SQLite write failed: {exc}{_full(self.path)}") from exc
+                    raise self._failed(exc, "SQLite write failed", full=True) from exc
                 raise
 
     def commit(self, commit: Commit) -> None:
@@ -245,7 +293,7 @@ class SqliteStore(SqlStore):
                 self._db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
                 self._wal_target = self._wal_size_at_reset()  # the WAL is empty again
             except sqlite3.Error as exc:
-                raise StoreError(f"SQLite vacuum failed: {exc}") from exc
+                raise self._failed(exc, "SQLite vacuum failed") from exc
 
     def close(self) -> None:
         with self._lock:
@@ -326,6 +374,45 @@ def _after_fork() -> None:
 
 if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_after_fork)
+
+
+_NO_SHARED_MEMORY = (4618, 4874, 5386)
+"""SQLITE_IOERR_SHMOPEN, _SHMSIZE, _SHMMAP: the ``-shm`` file cannot be made, sized or mapped
+(a full disk): the store opens with its WAL index in private memory (``_connect``)."""
+_SHM_SIZE = 32 << 10
+"""What SQLite writes into a new ``-shm`` file before it can read the WAL (its first region)."""
+
+
+def _no_room_for_shm(path: Path) -> bool:
+    """Whether the ``-shm`` file would have to grow on a disk without room for it.
+
+    Looked at before opening, not learnt from the failure: SQLite fills the new file page by
+    page until the disk is full, so a failed try would itself take the last free bytes (the
+    ones ``gc`` needs to write the transaction that frees space)."""
+    import shutil
+
+    try:
+        have = os.stat(f"{path}-shm").st_size
+    except OSError:
+        have = 0
+    if have >= _SHM_SIZE:
+        return False  # sized already (another process may have it open right now)
+    try:
+        return shutil.disk_usage(path.parent).free < _SHM_SIZE - have + (64 << 10)
+    except OSError:
+        return False
+
+
+_CORRUPT, _NOTADB = 11, 26  # SQLITE_CORRUPT, SQLITE_NOTADB (primary result codes)
+
+
+def _damaged(exc: sqlite3.Error) -> bool:
+    """Whether SQLite found the database file itself damaged (not busy, full or read-only)."""
+    code = getattr(exc, "sqlite_errorcode", None)  # Python 3.11+
+    if isinstance(code, int):
+        return code & 0xFF in (_CORRUPT, _NOTADB)
+    text = str(exc)
+    return "malformed" in text or "not a database" in text
 
 
 def _full(path: Path) -> str:
