@@ -114,6 +114,22 @@ def test_an_imported_bundle_never_chooses_the_directory(tmp_path: Path, sp: Sp) 
     assert (tmp_path / "replay" / "evil.txt").read_text() == "planted\n"
     assert snapshot_tree(victim) == before
 
+    # import --into: the imported branch gets the directory named, and works from there.
+    other = str(tmp_path / "other-store")
+    into = tmp_path / "imported"
+    res = sp("--store", other, "import", str(bundle), "--into", str(victim), cwd=work, check=False)
+    assert res.code == EXIT_USER and "not an empty directory" in res.err, res
+    assert not Path(other).exists()  # refused before anything was written
+    out = json.loads(
+        sp("--store", other, "import", str(bundle), "--into", str(into), "--json", cwd=work).out
+    )
+    assert out["workspace"] == str(into)
+    assert (into / "evil.txt").read_text() == "planted\n"
+    (into / "evil.txt").write_text("edited\n")
+    sp("rewind", "HEAD", cwd=into)  # bound there now: no flag needed
+    assert (into / "evil.txt").read_text() == "planted\n"
+    assert snapshot_tree(victim) == before
+
 
 # -- 3. artifacts at absolute paths ---------------------------------------------------------
 

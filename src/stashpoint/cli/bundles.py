@@ -102,9 +102,16 @@ def _emit_checked(ctx: Ctx, bundle: Bundle) -> None:
     "session whose history here differs from the bundle's.",
 )
 @click.option("--dry-run", is_flag=True, help="Check the bundle against the store; write nothing.")
+@click.option(
+    "--into",
+    type=click.Path(file_okay=False),
+    metavar="DIR",
+    help="Also write the imported branch's files into DIR (new or empty), which then follows "
+    "it. Without it, an imported session is bound to no directory until you name one.",
+)
 @json_option
 @pass_ctx
-def import_cmd(ctx: Ctx, file: str, as_name: str | None, dry_run: bool) -> None:
+def import_cmd(ctx: Ctx, file: str, as_name: str | None, dry_run: bool, into: str | None) -> None:
     """Import a bundle into this store (created here if there is none), into the session it
     was exported from (or a new one: --as NAME).
 
@@ -114,10 +121,14 @@ def import_cmd(ctx: Ctx, file: str, as_name: str | None, dry_run: bool) -> None:
     whose history differs here) exits 1. Records already here are skipped, so importing twice
     is harmless.
 
+    The directory a bundle's files were snapshotted in is the sender's: it never decides
+    where files are written here. Restore them by naming a directory: --into DIR, `stashpoint
+    fork ID --into DIR`, or `stashpoint -C DIR rewind ID`.
+
     \b
     Example:
       stashpoint import run.spb && stashpoint log
-      stashpoint import run.spb --as run-from-ci
+      stashpoint import run.spb --as run-from-ci --into ../replay
       stashpoint fork <id> --into ../replay
     """
     from ..bundle import import_bundle, manifest_keyed, read_bundle
@@ -134,6 +145,7 @@ def import_cmd(ctx: Ctx, file: str, as_name: str | None, dry_run: bool) -> None:
     with ByteProgress("checking", enabled=not ctx.json) as progress:
         bundle = read_bundle(file, hasher=hasher, progress=progress)
     with bundle:
+        branch = _into_branch(bundle, into) if into is not None else None
         if not dry_run:
             url, root, _s, _b = ctx.locate(create=True)
             if not ctx.store_url and not Path(url).exists():
@@ -151,12 +163,32 @@ def import_cmd(ctx: Ctx, file: str, as_name: str | None, dry_run: bool) -> None:
             rep = import_bundle(
                 store, bundle, as_session=as_name, dry_run=dry_run, progress=progress
             )
+    where = None
+    if branch is not None and into is not None and not dry_run:
+        where = str(store.session(rep.session, branch=branch).materialize(into).root)
+    data = {**rep.to_dict(), "workspace": where}
     heads = ", ".join(f"{b} -> {short(h['head'])} ({h['action']})" for b, h in rep.heads.items())
     verb = "would import" if dry_run else "imported"
     emit(
         ctx,
-        rep.to_dict(),
+        data,
         f"{verb} into session {rep.session!r}: {rep.checkpoints} checkpoint(s)"
         + (f" ({rep.present} already here)" if rep.present else "")
-        + f", {rep.logs} log(s), {rep.objects} objects ({_size(rep.bytes)}); branches: {heads}",
+        + f", {rep.logs} log(s), {rep.objects} objects ({_size(rep.bytes)}); branches: {heads}"
+        + (f"; files of {branch!r} written to {where}" if where else ""),
     )
+
+
+def _into_branch(bundle: Bundle, into: str) -> str:
+    """The branch ``import --into`` writes out, checked before anything is imported."""
+    heads = sorted(bundle.manifest.heads)
+    branch = "main" if "main" in heads else heads[0] if len(heads) == 1 else None
+    if branch is None:
+        raise click.UsageError(
+            f"the bundle has branches {', '.join(heads)} and none is main: import it, then "
+            "`stashpoint fork ID --into DIR` the one you want"
+        )
+    dest = Path(into).resolve()
+    if dest.exists() and (not dest.is_dir() or any(dest.iterdir())):
+        raise click.UsageError(f"--into {dest}: exists and is not an empty directory")
+    return branch
