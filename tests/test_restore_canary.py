@@ -763,13 +763,6 @@ def test_a_hostile_bundle_restores_nothing_over_the_canaries(hostile: Hostile, s
     assert changed == {".bashrc", "work/sib/run.sh"}, changed
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: a checkpoint on a branch the bundle names no head for (export REF of a "
-    "forked branch) has no binding after import; bound_root() then falls back to the "
-    "checkpoint's own recorded root, so `rewind ID` / `fork ID` from that directory "
-    "restores the attacker's files over it",
-)
 def test_a_hostile_checkpoint_off_the_exported_branch_is_not_restored(
     hostile: Hostile, sp: Sp
 ) -> None:
@@ -785,13 +778,6 @@ def test_a_hostile_checkpoint_off_the_exported_branch_is_not_restored(
 # -- 8. bugs in the rule's edges -----------------------------------------------------------------
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: a --state-only rewind run from another directory is allowed (it writes no "
-    "files) but snapshots THAT directory as its safety checkpoint and prints an undo with "
-    "`-C <that dir>` that restores files; running the printed undo binds the branch to it, "
-    "after which a wrong-directory rewind from there deletes its files",
-)
 def test_the_undo_of_a_state_only_rewind_from_a_sibling_does_not_bind_the_sibling(
     world: World, sp: Sp
 ) -> None:
@@ -805,12 +791,6 @@ def test_the_undo_of_a_state_only_rewind_from_a_sibling_does_not_bind_the_siblin
     assert res.code == EXIT_USER, res
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: the same for a hostile bundle: `--session theirs rewind HEAD --state-only` "
-    "from its recorded root is allowed; its printed undo (-C that root) binds the imported "
-    "branch there, and then `rewind <their checkpoint>` pours the bundle over the canaries",
-)
 def test_the_undo_of_a_state_only_rewind_does_not_bind_a_hostile_branch(
     hostile: Hostile, sp: Sp
 ) -> None:
@@ -826,12 +806,6 @@ def test_the_undo_of_a_state_only_rewind_does_not_bind_a_hostile_branch(
     assert res.code == EXIT_USER, res
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: a --state-only rewind from another directory records that directory's "
-    "files as the branch head's workspace; `cd proj && stashpoint rewind HEAD --files-only` "
-    "then replaces the project's files with the sibling's",
-)
 def test_a_state_only_rewind_from_a_sibling_leaves_the_heads_files_the_projects(
     world: World, sp: Sp
 ) -> None:
@@ -843,12 +817,6 @@ def test_a_state_only_rewind_from_a_sibling_leaves_the_heads_files_the_projects(
     assert w.files() == before, w.files()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: a project moved (mv proj proj2) with its store inside is refused by its own "
-    "store forever: the binding names the old path and snapshots in the new one do not "
-    "rebind (the refusal says its checkpoints were taken in the old path)",
-)
 def test_a_moved_project_rewinds_in_its_new_place(tmp_path: Path, sp: Sp) -> None:
     proj, moved = tmp_path / "work" / "proj", tmp_path / "work" / "proj2"
     proj.mkdir(parents=True)
@@ -863,12 +831,6 @@ def test_a_moved_project_rewinds_in_its_new_place(tmp_path: Path, sp: Sp) -> Non
     assert res.code == 0, res.err
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: one explicit restore into a copy (`-C ../copy rewind ID`) rebinds the branch "
-    "to the copy: the project's own `cd proj && stashpoint rewind HEAD~1` is then refused, "
-    "also after new snapshots there, with 'its checkpoints were taken in .../copy'",
-)
 def test_an_explicit_restore_elsewhere_does_not_take_the_project_away(world: World, sp: Sp) -> None:
     w = world
     copy = w.out / "copy"
@@ -880,12 +842,6 @@ def test_an_explicit_restore_elsewhere_does_not_take_the_project_away(world: Wor
     assert res.code == 0, res.err
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: with a relative --store (or STASHPOINT_STORE) the undo hint names the store "
-    "relatively (sqlite:///../.stashpoint/store.db): pasted in another directory it finds no "
-    "store, though it is meant to work from anywhere",
-)
 def test_the_undo_hint_of_a_relative_store_works_from_elsewhere(world: World, sp: Sp) -> None:
     w = world
     res = sp("--store", "../.stashpoint", "rewind", w.ids[0], "--json", cwd=w.proj / "src")

@@ -446,14 +446,15 @@ def test_bad_client_settings_are_clear_errors(
 
 def test_cli_bad_client_settings_have_no_traceback(tmp_path: Path) -> None:
     pytest.importorskip("boto3")
-    (tmp_path / "a.txt").write_text("hi\n")
+    (tmp_path / "ws").mkdir()
+    (tmp_path / "ws" / "a.txt").write_text("hi\n")
     env = {**os.environ, "HOME": str(tmp_path), "AWS_ACCESS_KEY_ID": "x"}
     env["AWS_SECRET_ACCESS_KEY"] = "x"
     for extra in ({"STASHPOINT_S3_ENDPOINT": "127.0.0.1:1"}, {"AWS_PROFILE": "nope-sp"}):
         url = f"sqlite://{tmp_path / 'store'}?blobs=s3://bucket/p"
         res = subprocess.run(
             [*STASHPOINT, "--store", url, "snap", "-m", "one"],
-            cwd=tmp_path,
+            cwd=tmp_path / "ws",  # not $HOME: a snapshot of it is refused before the store
             env={**env, **extra},
             capture_output=True,
             text=True,

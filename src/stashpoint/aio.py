@@ -71,7 +71,7 @@ from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec, TypeVar, cast, overload
 
 from ._store import Store, open_store
-from .errors import UsageError
+from .errors import IntegrityError, UsageError
 from .lease import Lease
 
 if TYPE_CHECKING:
@@ -431,9 +431,12 @@ class AsyncSession:
     async def get(self, ref: str) -> Checkpoint:
         return await self._call(self.sync.get, ref)
 
-    async def history(self, *, limit: int | None = None) -> list[Checkpoint]:
-        """All checkpoints of the session, newest first, each verified with its chain link."""
-        return await self._call(self.sync.history, limit=limit)
+    async def history(
+        self, *, limit: int | None = None, damaged: list[IntegrityError] | None = None
+    ) -> list[Checkpoint]:
+        """All checkpoints of the session, newest first, each verified with its chain link
+        (see :meth:`Session.history` for ``damaged``)."""
+        return await self._call(self.sync.history, limit=limit, damaged=damaged)
 
     async def labels(self) -> dict[str, str]:
         return await self._call(self.sync.labels)
@@ -562,6 +565,8 @@ class AsyncSession:
         compensate: bool = False,
         artifacts: bool | Mapping[str, str | os.PathLike[str] | None] = False,
         progress: Callable[[int, int], None] | None = None,
+        artifacts_to: str | os.PathLike[str] | None = None,
+        recorded_paths: bool = False,
     ) -> RewindResult:
         """Go back to a checkpoint: files, state, or both (see :meth:`Session.rewind`);
         compensations it runs run in the worker thread."""
@@ -573,7 +578,21 @@ class AsyncSession:
             compensate=compensate,
             artifacts=artifacts,
             progress=progress,
+            artifacts_to=artifacts_to,
+            recorded_paths=recorded_paths,
         )
+
+    async def bound_root(
+        self, branch: str | None = None, target: Checkpoint | None = None
+    ) -> str | None:
+        """The directory a branch is bound to (see :meth:`Session.bound_root`)."""
+        return await self._call(self.sync.bound_root, branch, target)
+
+    async def materialize(self, into: str | os.PathLike[str], ref: str = "HEAD") -> AsyncSession:
+        """Write a checkpoint into a new or empty directory that then follows this branch
+        (see :meth:`Session.materialize`); the new directory's session is returned."""
+        other = await self._call(self.sync.materialize, into, ref)
+        return AsyncSession(other, self.store)
 
     async def fork(
         self,

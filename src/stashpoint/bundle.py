@@ -1577,13 +1577,13 @@ def _bind_imported(store: Store, session: str, branch: str, current: str | None)
     named explicitly); one it fast-forwards stays bound where it was here."""
     from . import restore_target
 
-    if restore_target.bound_to(store.meta, session, branch) is not None:
+    if restore_target.bound_to(store, session, branch) is not None:
         return
     here = store.get(current) if current is not None else None
     if here is not None and here.workspace is not None:
-        restore_target.bind(store.meta, session, branch, Path(here.workspace.root))
+        restore_target.bind(store, session, branch, Path(here.workspace.root))
     else:
-        restore_target.unbind(store.meta, session, branch)
+        restore_target.unbind(store, session, branch)
 
 
 @dataclass

@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING
 from .errors import UsageError
 
 if TYPE_CHECKING:
-    from .stores.base import MetadataStore
+    from ._store import Store
 
 __all__ = [
     "UNBOUND",
@@ -40,6 +40,7 @@ __all__ = [
     "check_workspace",
     "unbind",
     "undo_command",
+    "usable",
 ]
 
 UNBOUND = ""
@@ -55,19 +56,40 @@ def _key(session: str, branch: str) -> str:
     return "workspace:" + json.dumps([session, branch], ensure_ascii=False)
 
 
-def bound_to(meta: MetadataStore, session: str, branch: str) -> str | None:
+_RELATIVE = "rel:"
+"""A binding kept relative to the store's directory: the store lives inside the workspace
+(``proj/.stashpoint``), so a project moved or copied with its store stays bound to itself."""
+
+
+def bound_to(store: Store, session: str, branch: str) -> str | None:
     """The directory ``branch`` is bound to; ``UNBOUND`` (imported, no directory yet), or
     None when nothing was ever recorded (a new branch, or a store older than bindings)."""
-    return meta.get_meta(_key(session, branch))
+    raw = store.meta.get_meta(_key(session, branch))
+    if raw is not None and raw.startswith(_RELATIVE):
+        if store.home is None:
+            return UNBOUND
+        return os.path.normpath(store.home / raw[len(_RELATIVE) :])
+    return raw
 
 
-def bind(meta: MetadataStore, session: str, branch: str, root: Path) -> None:
-    meta.set_meta(_key(session, branch), str(root))
+def bind(store: Store, session: str, branch: str, root: Path) -> None:
+    home = store.home
+    if home is not None and (home.parent == root or root in home.parents):
+        value = _RELATIVE + os.path.relpath(root, home)
+    else:
+        value = str(root)
+    store.meta.set_meta(_key(session, branch), value)
 
 
-def unbind(meta: MetadataStore, session: str, branch: str) -> None:
+def unbind(store: Store, session: str, branch: str) -> None:
     """Mark an imported branch as bound to no directory."""
-    meta.set_meta(_key(session, branch), UNBOUND)
+    store.meta.set_meta(_key(session, branch), UNBOUND)
+
+
+def usable(bound: str | None) -> bool:
+    """Whether a binding still names a directory: not unbound, not one that was removed
+    or moved away (a branch whose directory is gone is bound again where it is used)."""
+    return bool(bound) and Path(str(bound)).is_dir()
 
 
 def check_workspace(
@@ -168,21 +190,48 @@ def check_artifact_target(name: str, target: Path, protected: Iterable[Path]) ->
 
 
 def undo_command(
-    store_url: str, session: str, root: Path | None, ident: str, *, files_only: bool = False
+    store_url: str,
+    session: str,
+    root: Path | None,
+    ident: str,
+    *,
+    files: bool = True,
+    state: bool = True,
+    artifacts: Iterable[str] = (),
 ) -> str:
-    """The command that rewinds to ``ident`` from any directory: it names the store, the
-    session and the workspace, so pasting it elsewhere cannot restore another directory."""
+    """The command that rewinds to ``ident`` from any directory: it names the store (its
+    path made absolute), the session and the workspace, so pasting it elsewhere cannot
+    restore another directory. ``artifacts``: names whose files the safety checkpoint
+    captured at the paths the rewind wrote, put back there."""
     import shlex
 
-    parts = ["stashpoint", "--store", shlex.quote(store_url)]
+    parts = ["stashpoint", "--store", shlex.quote(_absolute_url(store_url))]
     if session != "main":
         parts += ["--session", shlex.quote(session)]
     if root is not None:
         parts += ["-C", _quote(root)]
     parts += ["rewind", shlex.quote(ident)]
-    if files_only:
+    if not state:
         parts.append("--files-only")
+    elif not files:
+        parts.append("--state-only")
+    names = sorted(artifacts)
+    for name in names:
+        parts += ["--artifact", shlex.quote(name)]
+    if names:
+        parts.append("--artifacts-to-recorded-paths")
     return " ".join(parts)
+
+
+def _absolute_url(url: str) -> str:
+    """A store URL whose local path is absolute (a relative path means nothing when the
+    command is run from elsewhere)."""
+    for scheme in ("sqlite://", "file://"):
+        if url.startswith(scheme) and not url[len(scheme) :].startswith("/"):
+            return scheme + os.path.abspath(url[len(scheme) :])
+    if "://" not in url and not os.path.isabs(url):
+        return os.path.abspath(url)
+    return url
 
 
 def _quote(path: Path) -> str:

@@ -336,66 +336,120 @@ class Session:
     def bound_root(self, branch: str | None = None, target: Checkpoint | None = None) -> str | None:
         """The directory ``branch`` (default: this one) is bound to, or None for no directory.
 
-        Stores older than bindings, and branches never bound, fall back to the binding of
-        the branch holding ``target``, then to the root the branch head (else ``target``)
-        was snapshotted in. An imported branch is bound to no directory."""
+        A branch never bound (new, or in a store older than bindings) falls back to the
+        binding of the branch holding ``target``, then to the root its head, else that
+        branch's head, was snapshotted in. Never to a root read from ``target`` itself: a
+        checkpoint off every imported branch head carries a root a bundle chose."""
         branch = branch or self.branch
-        meta = self.store.meta
-        bound = restore_target.bound_to(meta, self.name, branch)
-        if bound is None and target is not None and target.branch != branch:
-            bound = restore_target.bound_to(meta, self.name, target.branch)
-        if bound is None:
-            ident = meta.get_head(self.name, branch)
-            cp = self.store.get(ident) if ident else target
-            if cp is not None and cp.workspace is not None:
-                bound = cp.workspace.root
+        bound = restore_target.bound_to(self.store, self.name, branch)
+        other = target.branch if target is not None and target.branch != branch else None
+        if bound is None and other is not None:
+            bound = restore_target.bound_to(self.store, self.name, other)
+        for name in (branch, other):
+            if bound is not None or name is None:
+                continue
+            bound = self._head_root(name)
         return bound or None
 
-    def _check_restore(self, branch: str, target: Checkpoint) -> None:
-        """The rule every restore into this session's workspace goes through."""
+    def _head_root(self, branch: str) -> str | None:
+        """The root the branch's head was snapshotted in (only for branches never bound:
+        stores older than bindings)."""
+        ident = self.store.meta.get_head(self.name, branch)
+        cp = self.store.get(ident) if ident else None
+        return cp.workspace.root if cp is not None and cp.workspace is not None else None
+
+    def _restore_refusal(
+        self, branch: str, target: Checkpoint
+    ) -> restore_target.RestoreRefused | None:
+        """The rule every restore into this session's workspace goes through: None when
+        ``target``'s files may be written into it, else the error that says why not."""
         assert self.root is not None
         if self.explicit_root:
-            return
+            return None
         source = None
-        if target.branch != branch:
-            theirs = restore_target.bound_to(self.store.meta, self.name, target.branch)
-            if theirs is None and target.workspace is not None:  # older than bindings
-                theirs = target.workspace.root
+        if target.branch != branch and not self._in_history(branch, target.id):
+            theirs = restore_target.bound_to(self.store, self.name, target.branch)
+            if theirs is None:  # older than bindings: where that branch's head was taken
+                theirs = self._head_root(target.branch)
             source = (target.id, target.branch, theirs or None)
-        restore_target.check_workspace(
-            self.name,
-            branch,
-            self.root,
-            self.bound_root(branch, target),
-            explicit=False,
-            source=source,
-        )
+        try:
+            restore_target.check_workspace(
+                self.name,
+                branch,
+                self.root,
+                self.bound_root(branch, target),
+                explicit=False,
+                source=source,
+            )
+        except restore_target.RestoreRefused as exc:
+            return exc
+        return None
+
+    def _in_history(self, branch: str, ident: str) -> bool:
+        """Whether checkpoint ``ident`` is on ``branch``'s line (its head or an ancestor):
+        a fork's own past, taken on the branch it forked from, is its history too."""
+        meta = self.store.meta
+        current = meta.get_head(self.name, branch)
+        seen: set[str] = set()
+        while current is not None and current not in seen:
+            if current == ident:
+                return True
+            seen.add(current)
+            row = meta.get_checkpoint(current)
+            current = row.parent if row is not None else None
+        return False
+
+    def _check_restore(self, branch: str, target: Checkpoint) -> None:
+        refused = self._restore_refusal(branch, target)
+        if refused is not None:
+            raise refused
 
     def _bind(self, branch: str) -> None:
         """Bind ``branch`` to this workspace (its checkpoints are taken, or restored, here)."""
         assert self.root is not None
-        restore_target.bind(self.store.meta, self.name, branch, self.root)
+        restore_target.bind(self.store, self.name, branch, self.root)
         self._bound = (branch, str(self.root))
 
     def _bind_on_checkpoint(self) -> None:
-        """A checkpoint of this workspace binds a branch that has no directory yet (new, or
-        imported and now snapshotted here); an explicit workspace (``bind=True``) rebinds."""
+        """A checkpoint of this workspace binds a branch that has no usable directory yet:
+        new, imported and now snapshotted here, or whose directory is gone (a moved
+        project). A branch bound elsewhere stays so, with a warning: its history now holds
+        this directory's files, which a rewind there would put back."""
+        assert self.root is not None
         if self._bound is None or self._bound[0] != self.branch:
-            self._bound = (
-                self.branch,
-                restore_target.bound_to(self.store.meta, self.name, self.branch),
-            )
+            bound = restore_target.bound_to(self.store, self.name, self.branch)
+            self._bound = (self.branch, bound)
         bound = self._bound[1]
-        if bound is None and not self.explicit_root:
-            # A branch older than bindings: it stays where its earlier checkpoints were taken.
-            head = self._head
-            parent = self.store.get(head.parent) if head and head.parent else None
-            if parent is not None and parent.workspace is not None:
-                bound = parent.workspace.root
-                restore_target.bind(self.store.meta, self.name, self.branch, Path(bound))
-                self._bound = (self.branch, bound)
-        if bound != str(self.root) and (not bound or self.explicit_root):
+        if bound is None:
+            bound = self._legacy_binding()
+        if not restore_target.usable(bound):
             self._bind(self.branch)
+        elif Path(str(bound)) != self.root:
+            self._bound = (self.branch, str(self.root))  # warn once per session object
+            warnings.warn(
+                f"recorded the files of {self.root} in branch {self.branch!r} of session "
+                f"{self.name!r}, whose checkpoints are taken in {bound}; a rewind there puts "
+                "these files back",
+                StashpointWarning,
+                stacklevel=4,
+            )
+
+    def _legacy_binding(self) -> str | None:
+        """A branch of a store older than bindings stays where its earlier checkpoints were
+        taken, unless the store lives in this workspace (it moved with its project)."""
+        assert self.root is not None
+        home = self.store.home
+        if home is not None and (home.parent == self.root or self.root in home.parents):
+            return None
+        head = self._head
+        parent = self.store.get(head.parent) if head and head.parent else None
+        if parent is None or parent.workspace is None:
+            return None
+        root = parent.workspace.root
+        if restore_target.usable(root):
+            restore_target.bind(self.store, self.name, self.branch, Path(root))
+            self._bound = (self.branch, root)
+        return root
 
     # -- reading --------------------------------------------------------------------------
     @property
@@ -1222,10 +1276,13 @@ class Session:
     ) -> Path:
         """Write an artifact to ``dest`` (a directory gets its original file name),
         atomically; returns the path written. Nothing else changes: no safety checkpoint."""
-        from .artifacts import restore_artifact, restore_target
+        from .artifacts import restore_artifact
+        from .artifacts import restore_target as artifact_path
 
         art = self._artifact(ref, name)
-        target = restore_target(art, dest, name)
+        target = restore_target.check_artifact_target(
+            name, artifact_path(art, dest, name), self.store.own_paths
+        )
         restore_artifact(self.store.blobs, art, target, progress=progress)
         return target
 
@@ -1298,16 +1355,20 @@ class Session:
             else {}
         )
         captured = {n: p for n, p in plan.items() if p.is_file()}
+        # A state-only rewind run from a directory the branch is not bound to records no
+        # files of it: the branch keeps its own directory's files.
+        here = files or (self.root is not None and self.bound_root() == str(self.root))
         safety = self.checkpoint(
             kind="pre-rewind",
             message=f"before rewind to {target.id}",
             artifacts=captured,
             progress=progress if captured else None,
+            files=here,
         )
         extra = {
             "artifacts": {n: str(p) for n, p in plan.items()},
             "captured": sorted(captured),
-            "bind": self.explicit_root,
+            "bind": "explicit" if self.explicit_root else None,
         }
         with self._restoring():
             journal = self._journal(target, safety, files=files, state=state, extra=extra)
@@ -1319,7 +1380,13 @@ class Session:
         result.effects = effects
         result.artifacts = {n: str(p) for n, p in plan.items()}
         result.undo = restore_target.undo_command(
-            self.store.url, self.name, self.root, result.safety.id, files_only=not state
+            self.store.url,
+            self.name,
+            self.root,
+            result.safety.id,
+            files=files,
+            state=state,
+            artifacts=captured,
         )
         if effects and compensate:
             self.durable.request_compensation(effects)
@@ -1409,8 +1476,12 @@ class Session:
         else:
             assert safety is not None, "partial rewinds always take a safety checkpoint"
             head = self._compose(journal, target, safety)
-        if journal.get("bind") and self.root is not None and target.workspace is not None:
-            self._bind(journal["branch"])
+        if journal.get("bind") and files and self.root and target.workspace is not None:
+            # A new branch (fork, import --into) is bound here; an explicit restore binds a
+            # branch only when it has no usable directory (it does not take a project away).
+            bound = restore_target.bound_to(self.store, self.name, journal["branch"])
+            if journal["bind"] == "new" or not restore_target.usable(bound):
+                self._bind(journal["branch"])
         if journal.get("checkout"):
             self._set_checkout(journal["branch"])
         key = self._journal_key()
@@ -1622,7 +1693,10 @@ class Session:
             safety = self.checkpoint(kind="pre-rewind", message=f"before fork to {branch}")
         with self._restoring():
             journal = self._journal(
-                target, safety, branch=branch, extra={"bind": files, "checkout": True}
+                target,
+                safety,
+                branch=branch,
+                extra={"bind": "new" if files else None, "checkout": True},
             )
             old_branch = self.branch
             self.branch, self._head_loaded = branch, False
@@ -1667,7 +1741,7 @@ class Session:
         # again); the branch head is set last, when the files are there.
         with other._restoring():
             journal = other._journal(
-                target, None, branch=branch, extra={"bind": True, "checkout": True}
+                target, None, branch=branch, extra={"bind": "new", "checkout": True}
             )
             try:
                 self._write_link_file(dest, branch)

@@ -60,7 +60,9 @@ class SqliteStore(SqlStore):
         self._sync_now = self._synchronous
         self._deferred_sync: str | None = None
         """The level of the deferred commit running now (set by ``commit`` for ``_tx``)."""
-        self.url = f"sqlite:///{self.path}"
+        # Absolute: "sqlite:///" + a relative path reads back as a path under / (the URL is
+        # printed in hints and error messages that must work from any directory).
+        self.url = f"sqlite://{self.path.absolute()}"
         self.durability = (
             "SQLite WAL: one fsync per durable commit (synchronous=FULL); deferred ones at "
             "synchronous=NORMAL until a flush fsyncs the WAL"
