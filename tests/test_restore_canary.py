@@ -12,7 +12,9 @@ Every restore the product has runs as a user runs it (the CLI as typed, the web 
 HTTP, LangGraph and the agent adapters with their real objects) from the project, a
 subdirectory, a sibling, the parent and ``$HOME``; then the canaries' digest (every path,
 type, mode and content below ``$HOME`` but the project, the directories named as
-destinations and the other stores) must be what it was. Bugs found are ``xfail(strict)``.
+destinations and the other stores) must be what it was. The tests after the hostile
+bundle's reproduce ways an earlier version of the rule wrote elsewhere or refused what a
+user needs (a moved project, an explicit restore elsewhere, a relative store path).
 """
 
 from __future__ import annotations

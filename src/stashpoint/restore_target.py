@@ -226,6 +226,8 @@ def undo_command(
 def _absolute_url(url: str) -> str:
     """A store URL whose local path is absolute (a relative path means nothing when the
     command is run from elsewhere)."""
+    if url.startswith("sqlite:///") and url.endswith("/store.db") and "?" not in url:
+        return url[len("sqlite://") : -len("/store.db")]  # a store directory: its path
     for scheme in ("sqlite://", "file://"):
         if url.startswith(scheme) and not url[len(scheme) :].startswith("/"):
             return scheme + os.path.abspath(url[len(scheme) :])
