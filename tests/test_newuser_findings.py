@@ -1,14 +1,12 @@
 """Findings of a new (and careless) user driving the CLI on a real project (an unpacked Django
 5.1.4 sdist), each reduced to a small directory: data lost, written where the user did not
-point, or a message that sends the user the wrong way. Bugs are strict xfails."""
+point, or a message that sends the user the wrong way."""
 
 from __future__ import annotations
 
 import shlex
 from collections.abc import Callable
 from pathlib import Path
-
-import pytest
 
 import stashpoint
 
@@ -24,12 +22,6 @@ def _undo_command(out: str) -> list[str]:
     return argv[1:]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: the undo command printed by a rewind run from a subdirectory with a relative "
-    "--store names the store through that subdirectory (sub/../.stashpoint); when the rewind "
-    "deletes the subdirectory, the printed undo fails with 'no stashpoint store'",
-)
 def test_undo_hint_survives_the_rewind_deleting_the_cwd(sp: Sp, tmp_path: Path) -> None:
     proj = tmp_path / "proj"
     proj.mkdir()
@@ -47,13 +39,6 @@ def test_undo_hint_survives_the_rewind_deleting_the_cwd(sp: Sp, tmp_path: Path) 
     assert (sub / "b.py").read_text() == "b = 1\n"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: a directory the checkpoint holds, replaced by a symlink to an outside directory "
-    "holding a same-named file, makes rewind refuse with 'ext/a.txt exists but is not in the "
-    "snapshot ... move it away': it looks through the symlink (which the checkpoint does hold) "
-    "and tells the user to move a file that lives outside the project",
-)
 def test_rewind_replaces_a_symlink_to_outside_without_looking_through_it(
     sp: Sp, tmp_path: Path
 ) -> None:
@@ -77,12 +62,6 @@ def test_rewind_replaces_a_symlink_to_outside_without_looking_through_it(
     assert (proj / "ext" / "a.txt").read_text() == "inside\n"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: --store pointed at a project directory (not a store) creates the store's files "
-    "in the project root, with a .gitignore of '*': git then hides every new file, and every "
-    "later snap of that project silently records 0 files",
-)
 def test_store_pointed_at_a_project_dir_does_not_blind_the_project(sp: Sp, tmp_path: Path) -> None:
     proj = tmp_path / "proj"
     proj.mkdir()
@@ -100,12 +79,6 @@ def test_store_pointed_at_a_project_dir_does_not_blind_the_project(sp: Sp, tmp_p
     assert '"app.py"' in show.out, show.out
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: import --as mints the new ids in one burst, each drawn 'above' the last in the "
-    "same millisecond, so their 12-character prefixes saturate (…ZZ): log, fork and rewind "
-    "print the same short id for many checkpoints, and that id is refused as ambiguous",
-)
 def test_imported_session_short_ids_are_unique(sp: Sp, tmp_path: Path) -> None:
     proj = tmp_path / "proj"
     proj.mkdir()
@@ -123,13 +96,6 @@ def test_imported_session_short_ids_are_unique(sp: Sp, tmp_path: Path) -> None:
         sp("--session", "other", "show", short, cwd=proj)  # each printed id is usable
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: a fork --into directory's .stashpoint pointer names the original store by its "
-    "absolute path; once the original project is moved, even `log` run in the fork recreates "
-    "the old project directory with a new empty store there ('session main has no checkpoints "
-    "yet', exit 0) and a snap records into that stray store",
-)
 def test_fork_dir_after_original_project_moved_creates_nothing(sp: Sp, tmp_path: Path) -> None:
     a = tmp_path / "a"
     a.mkdir()

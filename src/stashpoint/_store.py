@@ -435,6 +435,7 @@ def open_store(
         db, home = path, path.parent / (path.name + ".d")
     else:
         db, home = path / _DB_NAME, path
+    _refuse_foreign_directory(home, db)
     try:
         mkdir_private(home)  # and any parent it creates: 0700 too
         ignore_store_dir(home)
@@ -525,6 +526,33 @@ def _open_file_store(text: str, kw: dict[str, Any]) -> Store:
     except OSError as exc:
         raise StoreError(f"cannot open store directory {home}: {exc.strerror}") from exc
     return Store(meta, blob_dir=home / "blobs", home=home.resolve(), **kw)
+
+
+_STORE_ENTRIES = frozenset(
+    {".gitignore", "blobs", "cache", "hooks.log", "locks", "notify.log", "tmp"}
+)
+
+
+def _refuse_foreign_directory(home: Path, db: Path) -> None:
+    """A new store needs a directory of its own: ``--store ../proj`` (a project, not its
+    ``.stashpoint``) put the store's files among the project's, where the store hid every
+    file of it from its own snapshots and its ``.gitignore`` hid them from git."""
+    if db.exists() or not home.is_dir():
+        return
+    try:
+        foreign = sorted(
+            p.name
+            for p in home.iterdir()
+            if p.name not in _STORE_ENTRIES and not p.name.startswith(db.name)
+        )
+    except OSError:
+        return
+    if foreign:
+        shown = ", ".join(foreign[:3]) + (", ..." if len(foreign) > 3 else "")
+        raise UsageError(
+            f"{home} holds other files ({shown}) and no stashpoint store: a store needs a "
+            f"directory of its own, e.g. {home / '.stashpoint'}"
+        )
 
 
 def ignore_store_dir(home: Path) -> None:

@@ -244,6 +244,12 @@ class Session:
         self._bound: tuple[str, str | None] | None = None  # (branch, its binding) once read
         if workspace is not None:
             self.root = check_root(Path(workspace), force=force)
+            home = store.home
+            if home is not None and (self.root == home or home in self.root.parents):
+                raise UsageError(
+                    f"the workspace {self.root} is the store's own directory {home}: snapshot "
+                    "the project that holds the store, not the store"
+                )
             exclude = store.own_paths
             self.workspace = Workspace(
                 self.root,

@@ -137,11 +137,19 @@ def discover(start: Path) -> tuple[str, Path, str | None, str | None] | None:
         if candidate.is_file():
             try:
                 link = json.loads(candidate.read_text())
-                return str(link["store"]), here, link.get("session"), link.get("branch")
+                found = str(link["store"]), here, link.get("session"), link.get("branch")
             except (OSError, ValueError, KeyError, TypeError) as exc:
                 raise click.ClickException(
                     f"{candidate} is not a valid stashpoint link file"
                 ) from exc
+            if missing_local_store(found[0]):
+                # Opening it would create a new, empty store where the old one was.
+                raise click.ClickException(
+                    f"{candidate} links to the store {found[0]}, which no longer exists (was "
+                    "the project it belongs to moved?); pass --store with its new place, or "
+                    "put that place in the link file"
+                )
+            return found
         parent = here.parent
         if parent == here or here == home or _dev(parent) != dev:
             return None

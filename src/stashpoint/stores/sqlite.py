@@ -62,7 +62,7 @@ class SqliteStore(SqlStore):
         """The level of the deferred commit running now (set by ``commit`` for ``_tx``)."""
         # Absolute: "sqlite:///" + a relative path reads back as a path under / (the URL is
         # printed in hints and error messages that must work from any directory).
-        self.url = f"sqlite://{self.path.absolute()}"
+        self.url = f"sqlite://{os.path.abspath(self.path)}"  # absolute, ``..`` folded
         self.durability = (
             "SQLite WAL: one fsync per durable commit (synchronous=FULL); deferred ones at "
             "synchronous=NORMAL until a flush fsyncs the WAL"

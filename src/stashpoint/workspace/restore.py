@@ -160,7 +160,10 @@ class Restorer:
         wanted: list[bytes] = []
         budget = _PREFETCH_BYTES
 
-        def walk(cur_ref: bytes | None, tgt_ref: bytes, rel: bytes) -> None:
+        def walk(cur_ref: bytes | None, tgt_ref: bytes, rel: bytes, check: bool = True) -> None:
+            # check=False below a directory that replaces a file or symlink of the current
+            # tree: it is made anew, so nothing can be in its way, and a path through the old
+            # symlink would look at (and blame) files outside the workspace.
             nonlocal budget
             cur = self.reader.load(cur_ref) if cur_ref is not None else {}
             for name, t in self.reader.load(tgt_ref).items():
@@ -168,15 +171,15 @@ class Restorer:
                 if c == t:
                     continue
                 crel = rel + b"/" + name if rel else name
-                if c is None:
+                if c is None and check:
                     self._refuse_if_present(root, crel, crel, t.kind)
-                elif c.kind == "d" and t.kind != "d":
+                elif c is not None and c.kind == "d" and t.kind != "d":
                     self._refuse_untracked_below(root, c.ref, crel, t.kind)
                 if t.kind == "d":
                     if c is None or c.kind != "d":
-                        walk(None, t.ref, crel)
+                        walk(None, t.ref, crel, check and c is None)
                     elif c.ref != t.ref:  # (only its mode differs otherwise)
-                        walk(c.ref, t.ref, crel)
+                        walk(c.ref, t.ref, crel, check)
                 elif (
                     t.kind == "f"
                     and (c is None or c.kind != "f" or c.ref != t.ref)
