@@ -316,3 +316,23 @@ def test_a_killed_fork_into_leaves_nothing_that_blocks_a_rerun(
     (dest / "f0.txt").write_text("changed\n")
     sp("snap", "-m", "b: first", cwd=dest)
     assert json.loads(sp("log", "--json", cwd=dest).out)[0]["branch"] == "b"
+
+
+def test_a_snapshot_of_another_directory_is_refused_unless_named(tmp_path: Path, sp: Sp) -> None:
+    """A snap run elsewhere with the project's store would put that directory's files in
+    the project's history, where a rewind in the project pours them over it."""
+    proj, sib = tmp_path / "proj", tmp_path / "sib"
+    make_tree(proj, {"a.txt": "one\n"})
+    make_tree(sib, {"b.txt": "sibling\n"})
+    snap_json(sp, cwd=proj)
+    store = str(proj / ".stashpoint")
+    count = len(json.loads(sp("log", "--json", cwd=proj).out))
+    res = sp("--store", store, "snap", "-m", "oops", cwd=sib, check=False)
+    assert res.code == EXIT_USER and str(proj) in res.err and "--session" in res.err, res
+    assert len(json.loads(sp("log", "--json", cwd=proj).out)) == count
+    # Its own session, or the directory named explicitly, is a deliberate choice.
+    sp("--store", store, "--session", "sib", "snap", cwd=sib)
+    res = sp("--store", store, "-C", str(sib), "snap", "-m", "named", cwd=tmp_path)
+    assert "warning" in res.err and str(proj) in res.err
+    sp("rewind", "HEAD~1", cwd=proj)  # the project is still the branch's directory
+    assert (proj / "a.txt").read_text() == "one\n" and not (proj / "b.txt").exists()

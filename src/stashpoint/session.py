@@ -416,45 +416,57 @@ class Session:
         restore_target.bind(self.store, self.name, branch, self.root)
         self._bound = (branch, str(self.root))
 
-    def _bind_on_checkpoint(self) -> None:
-        """A checkpoint of this workspace binds a branch that has no usable directory yet:
-        new, imported and now snapshotted here, or whose directory is gone (a moved
-        project). A branch bound elsewhere stays so, with a warning: its history now holds
-        this directory's files, which a rewind there would put back."""
-        assert self.root is not None
+    def _snapshot_binding(self) -> str | None:
+        """This branch's binding, read once per session object (a checkpoint pays nothing
+        for it after the first)."""
         if self._bound is None or self._bound[0] != self.branch:
             bound = restore_target.bound_to(self.store, self.name, self.branch)
             self._bound = (self.branch, bound)
-        bound = self._bound[1]
-        if bound is None:
-            bound = self._legacy_binding()
-        if not restore_target.usable(bound):
-            self._bind(self.branch)
-        elif Path(str(bound)) != self.root:
-            self._bound = (self.branch, str(self.root))  # warn once per session object
-            warnings.warn(
-                f"recorded the files of {self.root} in branch {self.branch!r} of session "
-                f"{self.name!r}, whose checkpoints are taken in {bound}; a rewind there puts "
-                "these files back",
-                StashpointWarning,
-                stacklevel=4,
+            if bound is None:
+                self._bound = (self.branch, self._legacy_binding())
+        return self._bound[1]
+
+    def _check_snapshot_here(self) -> None:
+        """A branch bound to another directory does not take this one's files: its history
+        would hold them, and a rewind there would pour them over that directory. Named
+        explicitly (``-C``, ``bind=True``), it is recorded, with a warning."""
+        assert self.root is not None
+        bound = self._snapshot_binding()
+        if not restore_target.usable(bound) or Path(str(bound)) == self.root:
+            return
+        if not self.explicit_root:
+            raise restore_target.RestoreRefused(
+                f"refusing to snapshot {self.root} into session {self.name!r} branch "
+                f"{self.branch!r}: its checkpoints are taken in {bound}. Run it there, use "
+                f"a session of its own (--session NAME), or name this directory explicitly "
+                f"(stashpoint -C {self.root} snap; Python: bind=True)"
             )
+        self._bound = (self.branch, str(self.root))  # warn once per session object
+        warnings.warn(
+            f"recorded the files of {self.root} in branch {self.branch!r} of session "
+            f"{self.name!r}, whose checkpoints are taken in {bound}; a rewind there puts "
+            "these files back",
+            StashpointWarning,
+            stacklevel=4,
+        )
+
+    def _bind_on_checkpoint(self) -> None:
+        """A checkpoint of this workspace binds a branch that has no usable directory yet:
+        new, imported and now snapshotted here, or whose directory is gone (a moved
+        project)."""
+        if not restore_target.usable(self._snapshot_binding()):
+            self._bind(self.branch)
 
     def _legacy_binding(self) -> str | None:
-        """A branch of a store older than bindings stays where its earlier checkpoints were
-        taken, unless the store lives in this workspace (it moved with its project)."""
+        """A branch of a store older than bindings stays where its head was taken, unless
+        the store lives in this workspace (it moved with its project)."""
         assert self.root is not None
         home = self.store.home
         if home is not None and (home.parent == self.root or self.root in home.parents):
             return None
-        head = self._head
-        parent = self.store.get(head.parent) if head and head.parent else None
-        if parent is None or parent.workspace is None:
-            return None
-        root = parent.workspace.root
-        if restore_target.usable(root):
+        root = self._head_root(self.branch)
+        if root is not None and restore_target.usable(root):
             restore_target.bind(self.store, self.name, self.branch, Path(root))
-            self._bound = (self.branch, root)
         return root
 
     # -- reading --------------------------------------------------------------------------
@@ -675,6 +687,8 @@ class Session:
         ws_ref: WorkspaceRef | None = None
         ws_rows: list[BlobRow] = []
         if files and self.workspace is not None:
+            if kind != "pre-rewind":  # (a restore's safety copy: the restore was checked)
+                self._check_snapshot_here()
             result, ws_rows = self.workspace.scan(progress=progress)
             ws_ref = WorkspaceRef(str(self.root), result.tree.hex(), result.files, result.bytes)
             if result.skipped:
