@@ -142,8 +142,10 @@ def discover(start: Path) -> tuple[str, Path, str | None, str | None] | None:
                 raise click.ClickException(
                     f"{candidate} is not a valid stashpoint link file"
                 ) from exc
-            if missing_local_store(found[0]):
-                # Opening it would create a new, empty store where the old one was.
+            gone = local_path(found[0])
+            if gone is not None and not gone.exists() and not gone.parent.is_dir():
+                # The directory that held it is gone (a moved project): opening it would
+                # create a new, empty store where the old one was.
                 raise click.ClickException(
                     f"{candidate} links to the store {found[0]}, which no longer exists (was "
                     "the project it belongs to moved?); pass --store with its new place, or "
@@ -193,11 +195,17 @@ def short(ident: str | None) -> str:
     return ident[:12] if ident else "-"
 
 
-def missing_local_store(url: str) -> bool:
-    """Whether ``url`` names a store on this machine's disk that does not exist yet."""
+def local_path(url: str) -> Path | None:
+    """The path on this machine's disk that ``url`` names, or None for a server store."""
     path = url
     for scheme in ("sqlite://", "file://"):
         if url.startswith(scheme):
             path = url[len(scheme) :]
     path = path.split("?", 1)[0]
-    return "://" not in path and not Path(path).expanduser().exists()
+    return None if "://" in path else Path(path).expanduser()
+
+
+def missing_local_store(url: str) -> bool:
+    """Whether ``url`` names a store on this machine's disk that does not exist yet."""
+    path = local_path(url)
+    return path is not None and not path.exists()

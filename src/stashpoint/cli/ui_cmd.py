@@ -71,6 +71,7 @@ def ui(ctx: Ctx, port: int, host: str, token: str | None, open_browser: bool) ->
         sock.bind((host, port))
     except OSError as exc:
         raise UsageError(f"cannot listen on {host}:{port}: {exc.strerror}") from None
+    sock.listen(128)  # before the URL is printed: a script may connect as soon as it reads it
     port = sock.getsockname()[1]
     app = create_app(store, token=token, port=port, root=workspace, force=ctx.force, host=host)
     shown = f"[{host}]" if ":" in host else host
