@@ -242,6 +242,7 @@ class Session:
         self.workspace: Workspace | None = None
         self.explicit_root = bind
         self._bound: tuple[str, str | None] | None = None  # (branch, its binding) once read
+        self._bound_here: str | None = None  # the branch known to be bound to this workspace
         if workspace is not None:
             self.root = check_root(Path(workspace), force=force)
             home = store.home
@@ -415,6 +416,7 @@ class Session:
         assert self.root is not None
         restore_target.bind(self.store, self.name, branch, self.root)
         self._bound = (branch, str(self.root))
+        self._bound_here = None
 
     def _snapshot_binding(self) -> str | None:
         """This branch's binding, read once per session object (a checkpoint pays nothing
@@ -431,6 +433,8 @@ class Session:
         would hold them, and a rewind there would pour them over that directory. Named
         explicitly (``-C``, ``bind=True``), it is recorded, with a warning."""
         assert self.root is not None
+        if self._bound_here == self.branch:
+            return  # checked for this branch already: a checkpoint pays one dict lookup
         bound = self._snapshot_binding()
         if not restore_target.usable(bound) or Path(str(bound)) == self.root:
             return
@@ -454,8 +458,11 @@ class Session:
         """A checkpoint of this workspace binds a branch that has no usable directory yet:
         new, imported and now snapshotted here, or whose directory is gone (a moved
         project)."""
+        if self._bound_here == self.branch:
+            return
         if not restore_target.usable(self._snapshot_binding()):
             self._bind(self.branch)
+        self._bound_here = self.branch
 
     def _legacy_binding(self) -> str | None:
         """A branch of a store older than bindings stays where its head was taken, unless
