@@ -630,10 +630,11 @@ class Session:
             if info is None:
                 raise IntegrityError(f"conversation log {log} is missing")
             start = info.parent_len if info.parent is not None else 0
-            segments.append((log, start, stop))
+            if stop > start:  # else all of [0, stop) lies in the parent (shrunk twice)
+                segments.append((log, start, stop))
             if info.parent is None or start == 0:
                 break
-            log, stop = info.parent, start
+            log, stop = info.parent, min(start, stop)
         out: list[tuple[bytes, bytes]] = []
         for seg_log, start, seg_stop in reversed(segments):
             rows = self.store.meta.read_messages(seg_log, start, seg_stop)
