@@ -45,9 +45,7 @@ def play(store: stashpoint.Store, name: str, edits: list[Edit]) -> list[tuple[st
     run = store.session(name)
     msgs: list[Any] = []
     written: list[tuple[str, list[Any]]] = []
-    counter = 0
-    for op, k in edits:
-        counter += 1
+    for counter, (op, k) in enumerate(edits, start=1):
         if op == "append":
             msgs = [*msgs, *(_message(counter + i, f"m{counter}.{i}") for i in range(k % 3 + 1))]
         elif op == "truncate":
@@ -129,3 +127,45 @@ def test_conversation_edits_read_back_in_a_fresh_process(
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert int(proc.stdout) == len(cases)
+
+
+def test_openai_agents_pop_item_twice_undoes_a_turn(tmp_path: Path) -> None:
+    """The SDK's documented undo of a turn: ``pop_item()`` twice (the answer, then the
+    question). The second pop's checkpoint failed with "has missing messages"."""
+    import asyncio
+
+    from stashpoint.integrations.openai_agents import StashpointSession
+
+    async def scenario() -> None:
+        session = StashpointSession("chat", tmp_path / "store")
+        turn1 = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]
+        turn2 = [{"role": "user", "content": "bad"}, {"role": "assistant", "content": "oops"}]
+        await session.add_items(turn1)
+        await session.add_items(turn2)
+        assert await session.pop_item() == turn2[1]
+        assert await session.pop_item() == turn2[0]
+        assert await session.pop_item() == turn1[1]  # a third shrink
+        await session.add_items([{"role": "assistant", "content": "hello again"}])
+        session.close()
+        reopened = StashpointSession("chat", tmp_path / "store")
+        assert await reopened.get_items() == [
+            turn1[0],
+            {"role": "assistant", "content": "hello again"},
+        ]
+        reopened.close()
+
+    asyncio.run(scenario())
+
+
+def test_pydantic_ai_history_saved_shorter_twice(tmp_path: Path) -> None:
+    from pydantic_ai.messages import ModelRequest, UserPromptPart
+
+    from stashpoint.integrations.pydantic_ai import MessageHistory
+
+    msgs = [ModelRequest(parts=[UserPromptPart(content=f"q{i}")]) for i in range(4)]
+    history = MessageHistory("pa", tmp_path / "store")
+    for n in (4, 3, 2, 1):
+        history.save(msgs[:n])
+    reloaded = MessageHistory("pa", tmp_path / "store")
+    assert [m.parts[0].content for m in reloaded.load()] == ["q0"]  # type: ignore[union-attr]
+    assert [len(reloaded.load(c.id)) for c in reloaded.stash.history()] == [1, 2, 3, 4]
