@@ -285,8 +285,6 @@ def _request(writer: int, i: int) -> ModelMessage:
     return ModelRequest(parts=[UserPromptPart(content=f"w{writer}-{i}", timestamp=_TS)])
 
 
-
-
 def _prompts(messages: list[ModelMessage]) -> list[str]:
     out = []
     for m in messages:
