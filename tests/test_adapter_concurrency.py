@@ -418,3 +418,30 @@ def _run_threads(fn: Callable[[int], None], n: int) -> None:
     for t in threads:
         t.join(60)
     assert not errors, errors
+
+
+# -- the engine: Session.checkpoint(append_messages=...) ------------------------------------------
+
+
+def test_checkpoint_append_messages_lands_on_the_current_head(tmp_path: Path) -> None:
+    """An append from an engine object whose head is stale goes after the other writer's
+    messages; values are the head's; redaction applies; the conversation cannot be given
+    twice."""
+    from stashpoint.errors import UsageError
+
+    store = stashpoint.open(str(tmp_path / "store"))
+    a = store.session("s")
+    a.checkpoint({"messages": ["m0"], "n": 1})
+    b = store.session("s")
+    assert b.head is not None  # b caches this head
+    a.checkpoint(append_messages=["a1"])
+    a.checkpoint({"messages": ["m0", "a1"], "n": 2})
+    cp = b.checkpoint(append_messages=["b1", "token sk-ant-api03-" + "x" * 40])
+    assert a.head is not None and cp.parent == a.head.id
+    got = store.session("s").state()
+    assert got["messages"][:3] == ["m0", "a1", "b1"] and "x" * 40 not in got["messages"][3]
+    assert got["n"] == 2
+    assert b.state()["messages"] == got["messages"]  # b's own view follows its checkpoint
+    with pytest.raises(UsageError):
+        b.checkpoint({"messages": []}, append_messages=["c"])
+    store.close()
