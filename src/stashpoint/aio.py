@@ -65,7 +65,7 @@ import contextvars
 import functools
 import os
 import threading
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec, TypeVar, cast, overload
@@ -470,9 +470,10 @@ class AsyncSession:
         skip_unchanged: bool = False,
         status: str | None = None,
         artifacts: Mapping[str, str | os.PathLike[str] | None] | None = None,
+        append_messages: Sequence[Any] | None = None,
     ) -> Checkpoint:
         """Record a checkpoint of ``state`` and the workspace, atomically (see
-        :meth:`Session.checkpoint`).
+        :meth:`Session.checkpoint`, and its ``append_messages`` for concurrent appends).
 
         ``state`` is encoded in the worker thread: do not mutate it until the call returns.
         ``progress`` is called from the worker thread (use ``loop.call_soon_threadsafe`` to
@@ -491,6 +492,7 @@ class AsyncSession:
             skip_unchanged=skip_unchanged,
             status=status,
             artifacts=artifacts,
+            append_messages=append_messages,
         )
 
     async def artifacts(self, ref: str | Checkpoint | None = None) -> dict[str, ArtifactRef]:

@@ -19,7 +19,7 @@ import sys
 import threading
 import time
 import warnings
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec, TypeVar, cast, overload
@@ -675,9 +675,15 @@ class Session:
         status: str | None = None,
         journal: LogRef | None = _INHERIT,
         artifacts: Mapping[str, str | os.PathLike[str] | None] | None = None,
+        append_messages: Sequence[Any] | None = None,
     ) -> Checkpoint:
         """Record a checkpoint of ``state`` (default: the head's state, unchanged) and the
         workspace (when the session has one and ``files`` is true), atomically.
+
+        ``append_messages`` adds messages to the end of the conversation the branch head has
+        when the checkpoint is committed: when another writer moved the head meanwhile, they
+        are appended after that writer's messages (a whole ``state`` is written as given,
+        replacing them). ``state`` may then set values but not the conversation.
 
         ``artifacts`` attaches large files outside the workspace by name (``{"weights":
         path}``; None detaches a name), stored as content-defined chunks (SPEC C25). A
@@ -690,8 +696,20 @@ class Session:
         """
         if kind not in KINDS:
             raise UsageError(f"unknown checkpoint kind {kind!r}; one of {', '.join(KINDS)}")
+        added: list[bytes] | None = None
+        if append_messages is not None:
+            if state is not None and self.conversation_key in state:
+                raise UsageError(
+                    f"append_messages adds to the conversation: state cannot also set "
+                    f"{self.conversation_key!r}"
+                )
+            append_messages = list(append_messages)
         if self.redactor is not None:
+            if append_messages is not None:
+                append_messages = [self.redactor(m) for m in append_messages]
             state, message, meta = self._redact(state, message, meta)
+        if append_messages is not None:
+            added = [serde.encode(m) for m in append_messages]  # once, for every attempt
         ws_ref: WorkspaceRef | None = None
         ws_rows: list[BlobRow] = []
         if files and self.workspace is not None:
@@ -738,7 +756,10 @@ class Session:
             head = self.head
             if ws_ref is None and head is not None and not files:
                 ws_ref = head.workspace
-            conv, append = self._conversation_for(head, state)
+            if added is not None:
+                conv, append = self._conversation_appended(head, added)
+            else:
+                conv, append = self._conversation_for(head, state)
             values, value_rows = self._values_for(head, values_enc)
             jref = self._journal_ref(head) if journal is _INHERIT else journal
             cp = Checkpoint(
@@ -756,7 +777,7 @@ class Session:
                 # its schema version; one made without an agent config keeps the head's.
                 schema_version=(
                     self.schema_version
-                    if state is not None or head is None
+                    if state is not None or added is not None or head is None
                     else head.schema_version
                 ),
                 config_hash=self.config_hash or (head.config_hash if head else None),
@@ -795,7 +816,13 @@ class Session:
             self.store.committed(self.durability)
             if append is not None:
                 self._log_tips[append.log] = append.start + len(append.messages)
-            if state is not None:
+            if append_messages is not None:
+                known = self._conv_objs
+                n = head.state.conversation.length if head and head.state.conversation else 0
+                self._conv_objs = (
+                    [*known, *append_messages] if known is not None and len(known) == n else None
+                )
+            elif state is not None:
                 msgs = state.get(self.conversation_key)
                 self._conv_objs = list(msgs) if isinstance(msgs, list) else None
             self._head = sealed
@@ -929,6 +956,32 @@ class Session:
             rows.append((bytes.fromhex(chain), data))
         append = LogAppend(log, start, rows, new_log)  # fenced by the commit that carries it
         return ConversationRef(log, len(msgs), chain), append
+
+    def _conversation_appended(
+        self, head: Checkpoint | None, added: list[bytes]
+    ) -> tuple[ConversationRef | None, LogAppend | None]:
+        """The head's conversation followed by the ``added`` (encoded) messages: extend the
+        head's log, or a new log forked from it when another branch wrote past its end."""
+        parent = head.state.conversation if head else None
+        if not added:
+            return parent, None
+        if parent is None:
+            log, start, chain = new_id(), 0, EMPTY_CHAIN
+            new_log: LogInfo | None = LogInfo(self.name, None, 0, 0)
+        else:
+            log, start, chain = parent.log, parent.length, parent.hash
+            tip = self._log_tips.get(log)
+            if tip is None:
+                info = self.store.meta.log_info(log)
+                tip = info.length if info else -1
+            new_log = None if tip == start else LogInfo(self.name, log, start, start)
+            if new_log is not None:
+                log = new_id()
+        rows = []
+        for data in added:
+            chain = message_chain(chain, data)
+            rows.append((bytes.fromhex(chain), data))
+        return ConversationRef(log, start + len(added), chain), LogAppend(log, start, rows, new_log)
 
     def _common_prefix(
         self, head: Checkpoint | None, parent: ConversationRef | None, msgs: list[Any]

@@ -25,7 +25,7 @@ import asyncio
 import copy
 import os
 import threading
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -80,6 +80,18 @@ class StashpointSession:
 
     The async protocol methods run the store's blocking I/O in a worker thread. ``fork``,
     ``turns`` and ``close`` are synchronous: they are called between runs.
+
+    Several writers on one session id (two session objects, tasks, threads or processes)
+    lose nothing: each :meth:`add_items` is appended after whatever the others have added
+    by then, as one checkpoint, so every item is kept and each writer's items stay in its
+    own order (interleaved with the others' between calls, as with the SDK's
+    ``SQLiteSession``).
+
+    One :meth:`add_items` call adds all its items or none of them. Cancelling it (a
+    timeout, a cancelled run) does not stop a write already under way: the call still
+    raises ``CancelledError``, but only once the write has finished, so by then all its
+    items are stored (none, if it was cancelled before it began). ``pop_item`` and
+    ``clear_session`` behave the same way.
     """
 
     def __init__(
@@ -132,11 +144,7 @@ class StashpointSession:
         if not items:
             return
         new = copy.deepcopy(list(items))
-        await self._call(
-            lambda: self._record(
-                self._items() + new, "auto", f"+{len(new)}: " + ", ".join(map(_describe, new))
-            )
-        )
+        await _settled(self._call(lambda: self._append(new)))
 
     async def pop_item(self) -> TResponseInputItem | None:
         """Remove the last item; the checkpoints that had it stay in the history."""
@@ -148,7 +156,7 @@ class StashpointSession:
             self._record(items[:-1], "edit", f"pop_item: {_describe(items[-1])}")
             return items[-1]
 
-        popped: TResponseInputItem | None = copy.deepcopy(await self._call(pop))
+        popped: TResponseInputItem | None = copy.deepcopy(await _settled(self._call(pop)))
         return popped
 
     async def clear_session(self) -> None:
@@ -158,7 +166,7 @@ class StashpointSession:
             if self._items():
                 self._record([], "edit", "clear_session")
 
-        await self._call(clear)
+        await _settled(self._call(clear))
 
     # -- branching -------------------------------------------------------------------------
     def turns(self) -> list[Turn]:
@@ -233,8 +241,9 @@ class StashpointSession:
         head_id = self.store.meta.get_head(self.stash.name, self.stash.branch)
         if self._cache is not None and self._cache[0] == head_id:
             return self._cache[1]
-        if self._cache is not None:  # someone else committed: a fresh view of the branch
-            self.stash = self._fresh()
+        known = self.stash.head
+        if (known.id if known is not None else None) != head_id:
+            self.stash = self._fresh()  # someone else committed: a fresh view of the branch
         state = self.stash.state()
         self._cache = (head_id, state)
         return state
@@ -247,6 +256,23 @@ class StashpointSession:
 
     def _items(self) -> list[Any]:
         return list(self._state().get(self.stash.conversation_key) or [])
+
+    def _append(self, new: list[Any]) -> None:
+        """One checkpoint adding ``new`` after the items the branch head holds when it is
+        committed (the engine re-applies the append on top of another writer's checkpoint),
+        not after the items this object last saw: concurrent writers lose nothing."""
+        cached = self._cache
+        key = self.stash.conversation_key
+        cp = self.stash.checkpoint(
+            append_messages=new,
+            kind="auto",
+            message=f"agents +{len(new)}: " + ", ".join(map(_describe, new)),
+            meta={"openai_agents": {"added": len(new)}},
+        )
+        if cached is not None and cp.parent == cached[0]:  # nobody else wrote in between
+            self._cache = (cp.id, {**cached[1], key: [*(cached[1].get(key) or []), *new]})
+        else:
+            self._cache = None
 
     def _record(self, items: list[Any], kind: str, message: str) -> None:
         state = {**self._state(), self.stash.conversation_key: items}
@@ -265,6 +291,24 @@ class StashpointSession:
 
     def __repr__(self) -> str:
         return f"StashpointSession({self.session_id!r}, branch={self.stash.branch!r})"
+
+
+async def _settled(call: Awaitable[_T]) -> _T:
+    """``await call``, but a cancellation waits for the write to finish before it is raised:
+    a write handed to a worker thread cannot be stopped half way, and a caller told
+    "cancelled" must not see its items appear later (nor a next call overtake them)."""
+    task = asyncio.ensure_future(call)
+    cancelled: asyncio.CancelledError | None = None
+    while not task.done():
+        try:
+            await asyncio.wait({task})
+        except asyncio.CancelledError as exc:
+            cancelled = cancelled or exc
+    if cancelled is not None:
+        if not task.cancelled():
+            task.exception()  # retrieved: the cancellation is what the caller hears about
+        raise cancelled
+    return task.result()
 
 
 def _text(item: Any) -> str:

@@ -55,6 +55,12 @@ class MessageHistory:
         branch: branch to continue (default: ``main``, or the one the workspace follows).
         workspace: a directory snapshotted with every :meth:`save`.
         **options: passed to :class:`stashpoint.Session` (``config``, ``packages``, ...).
+
+    Several writers on one session (two histories, threads, processes): a :meth:`save` of a
+    list that extends what this history last loaded or saved adds only its new messages,
+    after whatever the others saved meanwhile, so nobody's messages are lost (each writer's
+    in its own order). A save of a shortened or edited list is an edit: it replaces the
+    conversation, and the earlier checkpoints keep what it dropped.
     """
 
     def __init__(
@@ -75,13 +81,17 @@ class MessageHistory:
             session_id, workspace=workspace, branch=branch, **options
         )
         """The stashpoint session behind it: ``history()``, ``diff()``, ``rewind()``, labels."""
+        self._base: list[ModelMessage] | None = None  # what the caller last loaded or saved
 
     def load(self, ref: str | None = None) -> list[ModelMessage]:
         """The messages as of ``ref`` (id, label, ``HEAD~N``; default: the latest save)."""
         state = self._latest().state(ref)
-        return ModelMessagesTypeAdapter.validate_python(
+        msgs = ModelMessagesTypeAdapter.validate_python(
             state.get(self.stash.conversation_key) or []
         )
+        if ref is None:
+            self._base = list(msgs)
+        return msgs
 
     def save(
         self,
@@ -95,16 +105,34 @@ class MessageHistory:
 
         Messages already saved are recognised as the log's prefix and not stored again; a
         history that was shortened or edited starts a new log from the common prefix.
+
+        A list that extends the one this history last loaded or saved adds its new messages
+        after the current ones, including those another writer saved meanwhile (re-applied
+        if one commits during the save); any other list replaces the conversation.
         """
-        data = to_jsonable_python(list(messages))
-        state = {**self._latest().state(), self.stash.conversation_key: data}
-        return self.stash.checkpoint(
-            state,
-            message=message or f"pydantic-ai: {len(data)} messages",
-            label=label,
-            kind=kind,
-            meta={"pydantic_ai": {"messages": len(data)}},
-        )
+        given = list(messages)
+        base, session = self._base, self._latest()
+        options: dict[str, Any] = {
+            "message": message or f"pydantic-ai: {len(given)} messages",
+            "label": label,
+            "kind": kind,
+            "meta": {"pydantic_ai": {"messages": len(given)}},
+        }
+        if base is not None and len(given) >= len(base) and given[: len(base)] == base:
+            cp = session.checkpoint(
+                append_messages=to_jsonable_python(given[len(base) :]), **options
+            )
+        else:
+            data = to_jsonable_python(given)
+            state = session.state()
+            key = self.stash.conversation_key
+            held = state.get(key) or []
+            if len(data) >= len(held) and data[: len(held)] == held:
+                cp = session.checkpoint(append_messages=data[len(held) :], **options)
+            else:  # an edit: this list is the conversation now
+                cp = session.checkpoint({**state, key: data}, **options)
+        self._base = given
+        return cp
 
     def run_sync(
         self, agent: AbstractAgent[Any, Any], prompt: str | None = None, **kwargs: Any
@@ -144,6 +172,7 @@ class MessageHistory:
         new = MessageHistory.__new__(MessageHistory)
         new.store, new._owns_store, new._options = self.store, False, self._options
         new.stash = forked
+        new._base = None
         return new
 
     def _latest(self) -> Session:
