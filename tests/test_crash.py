@@ -33,7 +33,7 @@ Tree = dict[str, tuple[str, int, bytes]]
 Sp = Callable[..., Result]
 
 SEED = 20261122
-SNAP_KILLS = 200  # kills that land while the process runs (some instants fall after its exit)
+SNAP_KILLS = 140  # kills that land while the process runs (some instants fall after its exit)
 REWIND_KILLS = 30
 TMP_MARK = ".stashpoint-tmp-"
 BIG = 1024 * 1024 + 256 * 1024

@@ -144,9 +144,9 @@ def s3_endpoint() -> Iterator[str]:
         yield endpoint
     finally:
         if proc is not None:
-            proc.terminate()
+            proc.terminate()  # SeaweedFS takes ~25 s to stop gracefully; its data is thrown away
             try:
-                proc.wait(30)
+                proc.wait(2)
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait(30)
