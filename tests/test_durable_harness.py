@@ -2,7 +2,7 @@
 
 The scripted agent of ``stashpoint._demo_agent`` (durable steps, tasks, an approval-gated
 irreversible deploy and an irreversible notification) runs in a subprocess that is killed with
-SIGKILL at random instants - at least 100 across the scenarios - and resumed each time, with
+SIGKILL at random instants - at least 80 across the scenarios - and resumed each time, with
 ``stashpoint approve`` answering its approval and in-doubt questions as a human would (looking
 at the "real world" log to tell whether an effect happened).
 
