@@ -27,6 +27,9 @@ def chain_order(rows: Sequence[CheckpointRow]) -> list[CheckpointRow]:
     columns make one) follow at the end by id, so nothing is dropped."""
     ordered = sorted(rows, key=_row_id, reverse=True)  # the store's order already: ~O(n)
     rank = {r.id: i for i, r in enumerate(ordered)}
+    end = len(ordered)  # a parent outside ``rows`` (or none) counts as after every row
+    if all(rank.get(r.parent or "", end) > i for i, r in enumerate(ordered)):
+        return ordered  # every parent already after its children (the usual case): no heap
     waiting: dict[str, int] = {}
     for r in ordered:
         if r.parent is not None and r.parent in rank:
