@@ -1,4 +1,4 @@
-"""The write protocol of SPEC §5: temp file in the same directory, fsync, replace, fsync dir."""
+"""The crash-safe write protocol: temp file in the same directory, fsync, replace, fsync dir."""
 
 from __future__ import annotations
 

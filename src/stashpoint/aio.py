@@ -42,7 +42,7 @@ snapshot. Calls run in a copy of the caller's :mod:`contextvars` context, as wit
 call has one of two outcomes: if the call had not started (it was queued behind earlier calls
 on the same session), it never runs; if it had started, it runs to completion in its thread
 and only its result is dropped. A cancelled ``checkpoint`` may therefore still be recorded;
-each commit is atomic anyway (SPEC C1), so there is never a half-written checkpoint. Later
+each commit is atomic anyway, so there is never a half-written checkpoint. Later
 calls on the session queue behind it and see its effect.
 
 **Durable programs run on the loop; their journal I/O does not.** :meth:`AsyncSession.arun`

@@ -1,4 +1,4 @@
-"""Large artifacts outside the workspace, attached to a checkpoint by name (SPEC C25).
+"""Large artifacts outside the workspace, attached to a checkpoint by name.
 
 An adapter's weights, a KV-cache dump or a dataset is too big to copy at every checkpoint and
 does not belong in the workspace tree. It is attached by name (``weights``) and stored as
@@ -20,7 +20,7 @@ chunk and the whole, and GC, ``verify`` and bundles only need to know that a che
 
 Both directions stream: the file is read through a bounded buffer while it is cut, and a
 restore writes chunk by chunk into a temporary file beside the target, fsyncs it, and renames
-it over the target only after the whole content verified (SPEC §5 write protocol). All-zero
+it over the target only after the whole content verified. All-zero
 chunks are skipped with a seek, so sparse files stay sparse when restored.
 """
 

@@ -1,4 +1,4 @@
-"""Portable bundles (SPEC C15): a session, or one checkpoint with its ancestry, as one file.
+"""Portable bundles: a session, or one checkpoint with its ancestry, as one file.
 
 Why a framed format of our own and not a tar: a bundle is never extracted to disk. It is read
 entry by entry with bounded sizes, every byte is checked against a digest, and only then is

@@ -1,4 +1,4 @@
-"""Recovery testing (SPEC C28): run an agent, kill it, resume it, and check it recovered.
+"""Recovery testing: run an agent, kill it, resume it, and check it recovered.
 
 "Test recovery by deliberately failing and restoring": each scenario runs the agent command in
 a fresh copy of its directory, kills it once - right after its k-th journal append (every step

@@ -1,4 +1,4 @@
-"""Copy sessions between stores of any kind (``stashpoint copy``, SPEC C19).
+"""Copy sessions between stores of any kind (``stashpoint copy``).
 
 A copy is an export to a private temporary bundle followed by an import, session by session,
 so it obeys every rule a bundle does, with no second implementation to keep in step: records

@@ -1,4 +1,4 @@
-"""Encryption at rest (SPEC C21): AES-256-GCM over stored payloads, bound to where they belong.
+"""Encryption at rest: AES-256-GCM over stored payloads, bound to where they belong.
 
 One 32-byte master key (``$STASHPOINT_KEY``, ``$STASHPOINT_KEY_FILE`` or ``encryption_key=``)
 is never used directly: HKDF-SHA256 derives the AES key, the MAC key of the hash chain (so an

@@ -1,4 +1,4 @@
-"""Durability levels (SPEC C23): how soon a checkpoint survives a power loss.
+"""Durability levels: how soon a checkpoint survives a power loss.
 
 ``fsync`` (the default) makes every checkpoint durable before ``checkpoint()`` returns. ``group``
 commits checkpoints without waiting for the disk and flushes them together, every N checkpoints

@@ -578,7 +578,7 @@ def common_prefix(a: Journal, ref: LogRef | None, session: Session) -> int:
 
 
 class ChaosHooks:
-    """What ``stashpoint chaos`` asks of a run through the environment (SPEC C28):
+    """What ``stashpoint chaos`` asks of a run through the environment:
     ``STASHPOINT_CHAOS_LOG`` - append ``EXEC`` when a call's body starts, ``REC`` when its
     result is journaled, ``APP`` per journal append (one line each, so the runner can tell a
     body that ran again after its result was recorded); ``STASHPOINT_CHAOS_KILL_AT=N`` -

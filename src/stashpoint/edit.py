@@ -1,4 +1,4 @@
-"""Operator corrections to a checkpoint's state (SPEC C22): ``--set PATH=VALUE`` and JSON Patch.
+"""Operator corrections to a checkpoint's state: ``--set PATH=VALUE`` and JSON Patch.
 
 Pure functions over plain data: they never touch the store, so a bad edit fails before
 anything is written. Paths are JSON Pointers (RFC 6901: ``/plan/steps/0``) or, for typing

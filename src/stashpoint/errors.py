@@ -10,7 +10,7 @@
     ├── IntegrityError                   exit 2   digest mismatch, broken hash chain, missing record
     └── ConflictError                    exit 3   head moved under us, lease lost
 
-Exit codes are part of the CLI contract (SPEC C19) and stay reserved once used.
+Exit codes are part of the CLI contract and stay reserved once used.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Garbage collection: free the blobs and logs that no kept checkpoint references (SPEC C13).
+"""Garbage collection: free the blobs and logs that no kept checkpoint references.
 
 Mark and sweep. The roots are every checkpoint that retention has not pruned (its state
 values, its workspace tree, its conversation and journal logs), the logs of live durable runs,
@@ -22,7 +22,7 @@ writer can remain:
   snapshot takes from its existence checks to its commit.
 
 Before deleting, GC marks again, so records committed meanwhile keep what they reference.
-References go before blobs (SPEC §5); each deletion claims its mark in the same transaction
+References go before blobs; each deletion claims its mark in the same transaction
 as the row delete (chunk files are unlinked inside that transaction), so it is idempotent and
 a SIGKILL at any instant leaves only garbage that the next run finishes.
 

@@ -1,4 +1,4 @@
-"""Leases: one worker owns a session at a time, across processes and machines (SPEC C17).
+"""Leases: one worker owns a session at a time, across processes and machines.
 
 A worker acquires the session's lease for ``ttl`` seconds and a thread renews it every
 ``ttl / 3``. Each acquisition after an expiry gets a larger *fencing token*; every write the

@@ -1,4 +1,4 @@
-"""Mirrored writes (SPEC C29): every checkpoint also goes to a second store.
+"""Mirrored writes: every checkpoint also goes to a second store.
 
 ``open_store(url, mirror=url2)`` (CLI ``--mirror URL``, env ``STASHPOINT_MIRROR``) returns a
 :class:`MirroredStore`. The contract:

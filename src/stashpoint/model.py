@@ -68,7 +68,7 @@ class WorkspaceRef(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
 
 
 class ArtifactRef(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
-    """A large file outside the workspace attached to a checkpoint by name (SPEC C25)."""
+    """A large file outside the workspace attached to a checkpoint by name."""
 
     digest: str
     """SHA-256 hex of the content: a blob, or a list of content-defined chunks."""

@@ -1,4 +1,4 @@
-"""Tell a human that a run waits for them (SPEC C27).
+"""Tell a human that a run waits for them.
 
 When a durable run pauses - a tool needs approval, or an effect's outcome is unknown - the
 configured notifier gets one JSON document: who asks, which tool with which arguments, and the

@@ -1,4 +1,4 @@
-"""Redaction (SPEC C21, §5 "secrets in state"): scrub secrets from state before it is persisted.
+"""Redaction: scrub secrets from state before it is persisted.
 
 Agents copy credentials into their state more often than anyone intends: a tool echoes its
 environment, a user pastes a key into the chat, an HTTP call's headers land in a message. A

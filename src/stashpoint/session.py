@@ -686,7 +686,7 @@ class Session:
         replacing them). ``state`` may then set values but not the conversation.
 
         ``artifacts`` attaches large files outside the workspace by name (``{"weights":
-        path}``; None detaches a name), stored as content-defined chunks (SPEC C25). A
+        path}``; None detaches a name), stored as content-defined chunks. A
         checkpoint keeps its parent's other artifacts: attach a name again when its file
         changed.
 
@@ -1023,7 +1023,7 @@ class Session:
                     self.store.meta.set_label(other, self.name, None)
         self.store.meta.set_label(ident, self.name, label)
 
-    # -- operator edits (SPEC C22) ---------------------------------------------------------
+    # -- operator edits ---------------------------------------------------------
     def validator(self, fn: F) -> F:
         """Decorator: register a state validator for :meth:`edit`."""
         self.validators.append(fn)
@@ -1324,7 +1324,7 @@ class Session:
             for e in effects
         ]
 
-    # -- artifacts (SPEC C25; see stashpoint.artifacts) ---------------------------------------
+    # -- artifacts ---------------------------------------
     def artifacts(self, ref: str | Checkpoint | None = None) -> dict[str, ArtifactRef]:
         """Name -> artifact attached to a checkpoint (default: the head)."""
         cp = self._as_checkpoint(ref)
@@ -1390,7 +1390,7 @@ class Session:
         artifacts_to: str | os.PathLike[str] | None = None,
         recorded_paths: bool = False,
     ) -> RewindResult:
-        """Go back to a checkpoint: files, state, or both (SPEC C3).
+        """Go back to a checkpoint: files, state, or both.
 
         A safety checkpoint of whatever is there now is taken first, so every rewind can be
         undone by rewinding to it. With both files and state, the branch head moves to the
@@ -1957,7 +1957,7 @@ def _args_summary(args: Any, limit: int = 80) -> str:
 
 
 def checkpoint_json(cp: Checkpoint, labels: Mapping[str, str] | None = None) -> dict[str, Any]:
-    """The CLI contract's object for a checkpoint (SPEC C19)."""
+    """The CLI contract's object for a checkpoint."""
     d = cp.to_dict()
     if labels is not None:  # the current label (a deleted one is gone; the record keeps its
         d["label"] = labels.get(cp.id)  # creation label, which only history shows)

@@ -1,4 +1,4 @@
-"""Automatic upkeep: retention on by default, with a size budget (SPEC §7).
+"""Automatic upkeep: retention on by default, with a size budget.
 
 Shadow-git checkpoint stores grow without bound until a user finds 100 GB in a hidden
 directory. A stashpoint store keeps itself in check instead: once a day (by default), when a

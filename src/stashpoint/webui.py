@@ -1,4 +1,4 @@
-"""The local web UI (SPEC C20): a time-travel debugger over one store, served on loopback.
+"""The local web UI: a time-travel debugger over one store, served on loopback.
 
 Pages: the sessions, one session's checkpoint tree, a checkpoint (metadata, state, tasks, the
 files of its snapshot), the diff between two checkpoints (state, conversation, files), and the
@@ -6,7 +6,7 @@ actions that change history: rewind, fork, approve and reject. Every page is ren
 server from the same library calls the CLI makes; the pages carry no script.
 
 Why so strict for a local page: a web page on any site can make the browser send requests to
-127.0.0.1, and a DNS name can be rebound to 127.0.0.1. So (SPEC §5 "web UI"):
+127.0.0.1, and a DNS name can be rebound to 127.0.0.1. So:
 
 - the server binds a loopback address only;
 - every request needs the token printed at start (``?token=`` once, then an HttpOnly,

@@ -4,7 +4,7 @@ Large chunks get one file each (two-level fan-out, written atomically). Small bl
 bulk (a first snapshot: thousands of 1-20 KB files) go into a *pack*: one append-only file
 written sequentially and fsynced once, indexed by pointer rows in the metadata database. Ten
 thousand fsynced tiny files, or 50 MB pushed through SQLite's WAL (written twice), cost several
-times more (SPEC §4 first-snapshot bar). Packs are immutable once written; a crash before the
+times more. Packs are immutable once written; a crash before the
 index commits leaves an unreferenced pack that GC removes.
 
 Every open store holds a shared ``flock`` on ``gc.lock``; GC takes it exclusively (without
@@ -118,7 +118,7 @@ class LocalBlobStore:
         self._write(path, header + data)
 
     def _write(self, path: Path, data: bytes | list[bytes]) -> None:
-        """The write protocol of SPEC §5; a full or failing disk is a clear StoreError (the
+        """The crash-safe write protocol; a full or failing disk is a clear StoreError (the
         temp file is gone, nothing refers to the path yet: retry once there is space)."""
         try:
             mkdir_private(path.parent)

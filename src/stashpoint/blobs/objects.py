@@ -330,7 +330,7 @@ class Blobs:
 class BlobWriter:
     """Batches small blobs into few transactions; streams large files as chunks.
 
-    Commit order (SPEC §5): everything written here is durable before :meth:`flush` returns,
+    Commit order: everything written here is durable before :meth:`flush` returns,
     and the checkpoint that references it is committed only after that.
     """
 
@@ -418,7 +418,7 @@ class BlobWriter:
         # Chunk files are compressed, written and fsynced by threads while this one cuts and
         # hashes (zstd, hashing and fsync release the GIL): two fsyncs per chunk file would
         # otherwise dominate. At most _IN_FLIGHT chunks wait, so memory stays bounded; all
-        # are durable before this returns, so the commit order of SPEC 5 holds.
+        # are durable before this returns, so the store's commit order holds.
         from concurrent.futures import ThreadPoolExecutor
 
         pending: collections.deque[Future[None]] = collections.deque()
@@ -509,8 +509,8 @@ class BlobWriter:
         return rows
 
     def _packed(self) -> list[BlobRow]:
-        """The rows of every pack handed to a worker, once each is durable (SPEC 5: blobs
-        before the rows naming them); a failed write raises here."""
+        """The rows of every pack handed to a worker, once each is durable (blobs before the
+        rows naming them); a failed write raises here."""
         jobs, self._packing = self._packing, []
         return [r for job in jobs for r in job.result()]
 

@@ -5,7 +5,7 @@ each, ``PREFIX/chunks/ab/cd/<sha256>``) and packs of small blobs written in bulk
 (``PREFIX/packs/<id>.pack``, read back with ranged GETs). Everything else stays in the
 metadata store, so a checkpoint of a few small edits costs no request at all.
 
-Why it is safe with the commit order of SPEC §5: a PUT is durable once S3 answers it, and the
+Why it is safe with the store's commit order: a PUT is durable once S3 answers it, and the
 record that refers to an object is committed only after that. Every PUT carries the body's
 SHA-256 (``ChecksumSHA256``), so the server rejects a body damaged on the way; every GET is
 checked against the content digest by :class:`~stashpoint.blobs.objects.Blobs`, so a

@@ -1,4 +1,4 @@
-"""``stashpoint`` command line: a thin layer over the library (SPEC C19)."""
+"""``stashpoint`` command line: a thin layer over the library."""
 
 from __future__ import annotations
 

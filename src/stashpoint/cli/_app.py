@@ -1,6 +1,6 @@
 """The CLI's shared machinery: global options, store discovery, output and exit codes.
 
-Exit codes (SPEC C19, also in README): 0 ok, 1 usage or user error, 2 integrity failure,
+Exit codes: 0 ok, 1 usage or user error, 2 integrity failure,
 3 conflict or lease lost. The library is imported lazily inside commands so that
 ``stashpoint --help`` starts fast.
 """

@@ -9,7 +9,7 @@ gap: ``stashpoint rewind`` puts back every file, whoever changed it.
 payload the agent sends, records a checkpoint only if a file changed, prints nothing (Claude
 Code and Codex feed a hook's stdout back to the model for some events) and exits 0 whatever
 happens; failures go to ``hooks.log`` in the store directory. It imports the storage stack only
-when it runs, like every command, so the CLI's cold start stays small (SPEC C19).
+when it runs, like every command, so the CLI's cold start stays small.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""``stashpoint verify --mirror``: compare a store with its mirror (SPEC C29)."""
+"""``stashpoint verify --mirror``: compare a store with its mirror."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""LangGraph: a checkpoint saver on any stashpoint store (SPEC C18).
+"""LangGraph: a checkpoint saver on any stashpoint store.
 
     from stashpoint.integrations.langgraph import StashpointSaver
 

@@ -1,4 +1,4 @@
-"""OpenAI Agents SDK: a ``Session`` whose conversation lives in a stashpoint store (SPEC C18).
+"""OpenAI Agents SDK: a ``Session`` whose conversation lives in a stashpoint store.
 
     from agents import Agent, Runner
     from stashpoint.integrations.openai_agents import StashpointSession

@@ -1,4 +1,4 @@
-"""Pydantic AI: save and load an agent's message history with checkpoints (SPEC C18).
+"""Pydantic AI: save and load an agent's message history with checkpoints.
 
     from pydantic_ai import Agent
     from stashpoint.integrations.pydantic_ai import MessageHistory

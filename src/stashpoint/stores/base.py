@@ -301,7 +301,7 @@ class MetadataStore(ABC):
     @abstractmethod
     def close(self) -> None: ...
 
-    # -- leases: one worker owns a session at a time (SPEC C17) ----------------------------
+    # -- leases: one worker owns a session at a time ----------------------------
     @abstractmethod
     def acquire_lease(self, session: str, owner: str, ttl: float) -> LeaseInfo:
         """Grant ``owner`` the session's lease for ``ttl`` seconds, with a new fencing token.

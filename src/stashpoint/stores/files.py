@@ -16,7 +16,7 @@ document holds as a JSON object (``record``); reading re-encodes it canonically,
 edit no longer matches the digest and is reported by every read and by ``verify``. A body that
 does not round-trip through JSON exactly is kept as base64 (``body_b64``) instead.
 
-Crash safety: every file is written by the protocol of SPEC §5 (temp, fsync, replace, fsync
+Crash safety: every file is written by the crash-safe protocol (temp, fsync, replace, fsync
 dir). One commit touches several files (document, log, heads), so it first writes them all
 into ``txn.json`` (one atomic write) and then applies them; whoever takes the lock next (or
 opens the store) replays a ``txn.json`` a crash left behind. A commit is therefore all or
@@ -188,7 +188,7 @@ class FileStore(MetadataStore):
         self._put_files({self.root / rel: data})
 
     def _put_files(self, files: Mapping[Path, bytes | None]) -> None:
-        """Write (None: delete) files by the protocol of SPEC §5, in two phases: every new
+        """Write (None: delete) files by the crash-safe write protocol, in two phases: every new
         content is first written to a temp file and fsynced (where a full disk or an I/O
         error strikes, :class:`_NotApplied`: nothing was replaced, the temps are gone), then
         all are renamed into place and each directory touched is fsynced once."""

@@ -3,7 +3,7 @@
 Why one transaction per checkpoint with ``BEGIN IMMEDIATE``: the write lock is taken before the
 head is read, so the compare-and-set and the inserts cannot interleave with another process, and
 with ``synchronous=FULL`` (the default durability) the commit is one WAL fsync - the floor that
-SPEC §4 measures us against.
+the benchmarks measure us against.
 """
 
 from __future__ import annotations

@@ -518,7 +518,7 @@ class MetadataStoreConformance:
         assert [r.data for r in ms.read_messages("L1", 0, 5)] == [b"a", b"b"]
 
     def test_artifact_chunks_as_rows(self, ms: MetadataStore, tmp_path: Path) -> None:
-        """Artifacts (SPEC C25) on a store without a blob directory: every content-defined
+        """Artifacts on a store without a blob directory: every content-defined
         chunk is a blob row of this backend; an insertion re-stores about one chunk."""
         import random
 

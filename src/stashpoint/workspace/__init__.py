@@ -68,7 +68,7 @@ def restoring(root: Path, lock_dir: Path | None, *, wait: bool = True) -> Iterat
 
 
 def check_root(root: Path, *, force: bool = False) -> Path:
-    """Refuse roots that are almost certainly a mistake (SPEC §7: snapshotting $HOME or /)."""
+    """Refuse roots that are almost certainly a mistake."""
     root = root.resolve()
     if not root.is_dir():
         raise UsageError(f"workspace {root} is not a directory")

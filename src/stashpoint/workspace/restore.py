@@ -17,7 +17,7 @@ the next command complete an interrupted restore and re-verify the whole tree: a
 instant is covered. What is not covered is a power loss in the seconds after a restore returned
 (the page cache not yet written back): some restored files may then come back old or empty, as
 after ``git checkout``, which does not fsync the working tree either; running the rewind again
-repairs it. An fsync per file would cost 110 x 0.2-2 ms for the SPEC workload, and a ``syncfs``
+repairs it. An fsync per file would cost 110 x 0.2-2 ms for the benchmark workload, and a ``syncfs``
 flushes every other writer's data on the filesystem too. Files are still written under a temp
 name and renamed, never rewritten in place: a reader sees the old or the new file, never a torn
 one, a hard link to a file outside the workspace is replaced rather than written through, and

@@ -4,8 +4,8 @@ One pass, top-down: list a directory, apply ignore rules, reuse the stat cache f
 files, read and store only what changed, and emit one tree object per directory (bottom-up
 digests). An unchanged subtree produces the same digest, so it is stored once for all checkpoints.
 
-Any error fails the scan: a snapshot is complete and consistent or it is not recorded (SPEC §7:
-a failed add must never leave the old tree recorded as the new snapshot).
+Any error fails the scan: a snapshot is complete and consistent or it is not recorded (a
+failed add must never leave the old tree recorded as the new snapshot).
 """
 
 from __future__ import annotations
