@@ -15,7 +15,7 @@ shared counter; random nonces are safe for far more than the 2**32 payloads per 
 which is more than a store will see. Rotate by exporting a bundle and importing it into a store
 opened with the new key.
 
-What is *not* hidden (see README "Encryption"): blobs stay addressed by the SHA-256 of their
+What is *not* hidden (see docs/security.md): blobs stay addressed by the SHA-256 of their
 plaintext so dedup keeps working, which lets someone holding the store confirm that it contains a
 content they can guess (a known file, a short value); sizes, counts, timestamps in ids, session,
 branch and label names, and the store's index columns are in the clear.
