@@ -98,17 +98,15 @@ def check_workspace(
     root: Path,
     bound: str | None,
     *,
-    explicit: bool,
     source: tuple[str, str, str | None] | None = None,
 ) -> None:
     """Refuse a restore of ``session``'s ``branch`` into ``root`` unless it is the directory
-    the branch is bound to (``bound``) or the user named ``root`` explicitly.
+    the branch is bound to (``bound``); a restore into a directory the user named
+    explicitly is not checked here at all.
 
     ``source`` is (checkpoint id, its branch, that branch's binding) when the checkpoint
     restored lies on another branch: its files are another directory's (an A/B fork's, an
     imported run's), so pouring them over this one also needs the directory named."""
-    if explicit:
-        return
     how = (
         f"to restore into {root} anyway, name it explicitly: stashpoint -C {_quote(root)} ... "
         "(Python: bind=True), or use fork --into DIR for a new directory"

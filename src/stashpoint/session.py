@@ -385,7 +385,6 @@ class Session:
                 branch,
                 self.root,
                 self.bound_root(branch, target),
-                explicit=False,
                 source=source,
             )
         except restore_target.RestoreRefused as exc:
@@ -932,14 +931,7 @@ class Session:
         if parent is not None and prefix == n == len(msgs):
             return parent, None
         if parent is not None and prefix == n:
-            log, start, chain = parent.log, n, parent.hash
-            tip = self._log_tips.get(log)
-            if tip is None:
-                info = self.store.meta.log_info(log)
-                tip = info.length if info else -1
-            new_log = None if tip == n else LogInfo(self.name, log, n, n)
-            if new_log is not None:
-                log = new_id()
+            log, start, chain, new_log = self._log_end(parent)
         else:
             # Diverged (edited or truncated history): a new log continuing the common prefix.
             log, start = new_id(), prefix
@@ -949,39 +941,32 @@ class Session:
             else:
                 chain, start = EMPTY_CHAIN, 0
                 new_log = LogInfo(self.name, None, 0, 0)
-        rows = []
-        for m in msgs[start:]:
-            data = serde.encode(m)
-            chain = message_chain(chain, data)
-            rows.append((bytes.fromhex(chain), data))
-        append = LogAppend(log, start, rows, new_log)  # fenced by the commit that carries it
-        return ConversationRef(log, len(msgs), chain), append
+        encoded = [serde.encode(m) for m in msgs[start:]]
+        return _chained(log, start, chain, new_log, encoded)
 
     def _conversation_appended(
         self, head: Checkpoint | None, added: list[bytes]
     ) -> tuple[ConversationRef | None, LogAppend | None]:
-        """The head's conversation followed by the ``added`` (encoded) messages: extend the
-        head's log, or a new log forked from it when another branch wrote past its end."""
+        """The head's conversation followed by the ``added`` (encoded) messages."""
         parent = head.state.conversation if head else None
         if not added:
             return parent, None
+        return _chained(*self._log_end(parent), added)
+
+    def _log_end(self, parent: ConversationRef | None) -> tuple[str, int, str, LogInfo | None]:
+        """Where messages after ``parent`` go: (log, start, chain, new log's info or None).
+        The parent's own log when its tip is where ``parent`` ends, else a new log forked
+        there (another branch wrote past it); a new root log without a parent."""
         if parent is None:
-            log, start, chain = new_id(), 0, EMPTY_CHAIN
-            new_log: LogInfo | None = LogInfo(self.name, None, 0, 0)
-        else:
-            log, start, chain = parent.log, parent.length, parent.hash
-            tip = self._log_tips.get(log)
-            if tip is None:
-                info = self.store.meta.log_info(log)
-                tip = info.length if info else -1
-            new_log = None if tip == start else LogInfo(self.name, log, start, start)
-            if new_log is not None:
-                log = new_id()
-        rows = []
-        for data in added:
-            chain = message_chain(chain, data)
-            rows.append((bytes.fromhex(chain), data))
-        return ConversationRef(log, start + len(added), chain), LogAppend(log, start, rows, new_log)
+            return new_id(), 0, EMPTY_CHAIN, LogInfo(self.name, None, 0, 0)
+        log, start = parent.log, parent.length
+        tip = self._log_tips.get(log)
+        if tip is None:
+            info = self.store.meta.log_info(log)
+            tip = info.length if info else -1
+        if tip == start:
+            return log, start, parent.hash, None
+        return new_id(), start, parent.hash, LogInfo(self.name, log, start, start)
 
     def _common_prefix(
         self, head: Checkpoint | None, parent: ConversationRef | None, msgs: list[Any]
@@ -1890,6 +1875,18 @@ class Session:
 
         out.files = list(TreeReader(blobs).diff(ta, tb))
         return out
+
+
+def _chained(
+    log: str, start: int, chain: str, new_log: LogInfo | None, encoded: list[bytes]
+) -> tuple[ConversationRef, LogAppend]:
+    """The conversation ref and the append (fenced by the commit that carries it) of
+    ``encoded`` messages written to ``log`` from ``start``, each chained to the last."""
+    rows = []
+    for data in encoded:
+        chain = message_chain(chain, data)
+        rows.append((bytes.fromhex(chain), data))
+    return ConversationRef(log, start + len(encoded), chain), LogAppend(log, start, rows, new_log)
 
 
 def _empty_directory(path: Path, *, remove: bool) -> None:

@@ -25,13 +25,6 @@ def _cp_json(session: Session, cp: Checkpoint, labels: dict[str, str] | None = N
     return checkpoint_json(cp, labels if labels is not None else session.labels())
 
 
-def _session_flag(session: Session) -> str:
-    """`` --session NAME`` when a printed command needs it to find the same session."""
-    import shlex
-
-    return "" if session.name == "main" else f" --session {shlex.quote(session.name)}"
-
-
 def _line(cp: Checkpoint, labels: dict[str, str], heads: dict[str, list[str]]) -> str:
     label = labels.get(cp.id)
     parts = [
