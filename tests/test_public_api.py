@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import importlib
+import pkgutil
+import re
 import subprocess
 import sys
 
 import pytest
 
 import stashpoint
+import stashpoint.errors
 from stashpoint.cli import cli
 
 CONTRACT_NOW = [
@@ -28,14 +32,57 @@ def test_unknown_attribute_is_an_attribute_error() -> None:
         stashpoint.does_not_exist  # noqa: B018
 
 
-def test_errors_form_one_tree_with_exit_codes() -> None:
-    for name in stashpoint.__all__:
-        obj = getattr(stashpoint, name)
-        if isinstance(obj, type) and issubclass(obj, Exception) and name.endswith("Error"):
-            assert issubclass(obj, stashpoint.StashpointError)
-    assert stashpoint.IntegrityError.exit_code == 2
-    assert stashpoint.ConflictError.exit_code == 3
-    assert stashpoint.UsageError.exit_code == 1
+def _documented_tree() -> dict[str, tuple[str | None, int | None]]:
+    """The tree drawn in ``stashpoint.errors``' docstring: name -> (parent, exit code)."""
+    tree: dict[str, tuple[str | None, int | None]] = {}
+    stack: list[tuple[int, str]] = []
+    for line in (stashpoint.errors.__doc__ or "").splitlines():
+        m = re.match(r"^    ([ │├└─]*)(\w+)\s+(?:exit (\d))?", line)
+        if not m or not m.group(2)[0].isupper():
+            continue
+        depth = len(m.group(1)) // 4
+        del stack[depth:]
+        parent = stack[-1][1] if stack else None
+        tree[m.group(2)] = (parent, int(m.group(3)) if m.group(3) else None)
+        stack.append((depth, m.group(2)))
+    return tree
+
+
+def _subclasses(root: type) -> list[type]:
+    found = []
+    for sub in root.__subclasses__():
+        if sub.__module__.startswith("stashpoint") and not sub.__name__.startswith("_"):
+            found.append(sub)
+        found.extend(_subclasses(sub))
+    return found
+
+
+def test_error_tree_matches_its_documentation_and_is_exported() -> None:
+    """Every public exception and warning, wherever raised, is in the documented tree, under
+    the documented parent, with the documented exit code, and importable from ``stashpoint``.
+    Modules are imported first so that no subclass hides in a module nothing loaded yet."""
+    for mod in pkgutil.walk_packages(stashpoint.__path__, "stashpoint."):
+        if mod.name.startswith("stashpoint.integrations.") or mod.name.endswith("__main__"):
+            continue
+        importlib.import_module(mod.name)
+    for name in ("langgraph", "openai_agents", "pydantic_ai"):
+        importlib.import_module(f"stashpoint.integrations.{name}")
+    tree = _documented_tree()
+    real = {
+        cls.__name__: cls
+        for root in (stashpoint.StashpointError, stashpoint.StashpointWarning)
+        for cls in [root, *_subclasses(root)]
+        if not cls.__module__.startswith("stashpoint.testing")
+    }
+    assert sorted(real) == sorted(tree), "errors.py's tree and the real classes differ"
+    for name, (parent, code) in tree.items():
+        cls = real[name]
+        assert cls.__module__ == "stashpoint.errors", f"{name} lives in {cls.__module__}"
+        assert getattr(stashpoint, name) is cls, f"{name} is not exported by stashpoint"
+        if parent is not None:
+            assert cls.__bases__[0] is real[parent], f"{name}'s parent is not {parent}"
+        if code is not None:
+            assert cls.exit_code == code, f"{name} exits {cls.exit_code}, documented {code}"
 
 
 @pytest.mark.parametrize("command", CONTRACT_NOW)

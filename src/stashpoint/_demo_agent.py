@@ -25,7 +25,8 @@ from pathlib import Path
 from typing import Any
 
 from ._store import open_store
-from .durable import ToolRejected, fingerprint
+from .durable import fingerprint
+from .errors import ToolRejected
 from .session import Session
 
 EXIT_APPROVAL, EXIT_IN_DOUBT = 10, 11

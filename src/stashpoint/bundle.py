@@ -58,7 +58,14 @@ from ._fsutil import TMP_MARK, fsync_dir
 from ._ids import new_id
 from ._store import Store
 from .blobs.objects import BlobCodec, Blobs
-from .errors import ConflictError, IntegrityError, NotFoundError, UsageError
+from .errors import (
+    ClashError,
+    ConflictError,
+    IntegrityError,
+    NotFoundError,
+    StashpointWarning,
+    UsageError,
+)
 from .integrity import EMPTY_CHAIN, ChainHasher, message_chain
 from .model import Checkpoint, LogRef, TreeEntry, utc_now_iso
 from .stores.base import (
@@ -158,9 +165,8 @@ def _refused(msg: str) -> UsageError:
     return UsageError(f"refusing bundle: {msg}")
 
 
-class Clash(UsageError):
-    """The store holds an id of the bundle with other contents, or a branch whose history
-    differs: refused (exit 1 for an import; ``stashpoint copy`` reports it as a conflict)."""
+Clash = ClashError
+"""Older name of :class:`~stashpoint.errors.ClashError`."""
 
 
 @dataclass(frozen=True)
@@ -1250,7 +1256,6 @@ class _Exporter:
         import warnings
 
         from ._runs import record_applies, run_key
-        from .session import StashpointWarning
 
         meta = self.store.meta
         for branch, head in heads.items():

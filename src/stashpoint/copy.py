@@ -34,7 +34,8 @@ from urllib.parse import unquote_plus, urlsplit
 
 from ._fsutil import TMP_MARK
 from ._store import Problem, Store
-from .bundle import Clash, _Exporter, import_bundle, kill_point, read_bundle_from
+from .bundle import _Exporter, import_bundle, kill_point, read_bundle_from
+from .errors import ClashError as Clash
 from .errors import ConflictError, IntegrityError, NotFoundError, StoreError, UsageError
 
 if TYPE_CHECKING:

@@ -30,7 +30,7 @@ import re
 import secrets
 from pathlib import Path
 
-from .errors import EncryptionKeyError, IntegrityError, UsageError
+from .errors import EncryptionKeyError, IntegrityError, StashpointWarning, UsageError
 
 __all__ = [
     "KEY_ENV",
@@ -174,8 +174,6 @@ def key_from_env() -> bytes | None:
         key = parse_key(data, f"{KEY_FILE_ENV} {path}")
         if os.name == "posix" and mode & 0o077:
             import warnings
-
-            from .session import StashpointWarning
 
             warnings.warn(
                 f"{KEY_FILE_ENV} {path} is accessible to other users (mode "

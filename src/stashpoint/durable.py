@@ -53,12 +53,16 @@ from ._ids import new_id
 from ._runs import record_applies, run_key
 from .errors import (
     ConflictError,
+    DivergenceError,
     IntegrityError,
     LeaseHeld,
     LeaseLost,
     NotFoundError,
     SerializationError,
     StashpointError,
+    StashpointWarning,
+    StepFailed,
+    ToolRejected,
     UsageError,
 )
 from .integrity import EMPTY_CHAIN, message_chain
@@ -99,23 +103,6 @@ made inside a body adds its slot to every enclosing body's list of that engine."
 
 
 # -- errors and results -------------------------------------------------------------------
-class DivergenceError(StashpointError):
-    """The program made a different durable call than the journal recorded at that slot.
-
-    Replaying recorded results into different calls would be silent corruption, so the run
-    stops at exactly that call. Rewind to a checkpoint before it, or start a fresh run.
-    """
-
-
-class ToolRejected(StashpointError):
-    """A human rejected this tool call (or an in-doubt effect); the agent decides what next."""
-
-    def __init__(self, message: str, *, tool: str, reason: str | None) -> None:
-        super().__init__(message)
-        self.tool = tool
-        self.reason = reason
-
-
 @dataclass(frozen=True)
 class Pending:
     """A decision a human has to make before the run can go on."""
@@ -256,14 +243,6 @@ _BUILTIN_ERRORS = {
     for name, obj in vars(builtins).items()
     if isinstance(obj, type) and issubclass(obj, Exception)
 }
-
-
-class StepFailed(StashpointError):
-    """A replayed step had failed with an exception type stashpoint does not re-create."""
-
-    def __init__(self, message: str, *, type_name: str) -> None:
-        super().__init__(message)
-        self.type_name = type_name
 
 
 def _rebuild_error(err: Mapping[str, Any]) -> BaseException:
@@ -650,8 +629,6 @@ class Durable:
         mine = self.session.config_hash
         if head is not None and j.entries and head.config_hash and mine != head.config_hash:
             import warnings
-
-            from .session import StashpointWarning
 
             warnings.warn(
                 f"resuming session {self.session.name!r} under a different agent configuration "

@@ -13,13 +13,12 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from .errors import UsageError
+from .errors import (
+    UsageError,
+    ValidationError,
+)
 
 __all__ = ["ValidationError", "apply_patch", "parse_assignment", "set_path", "split_path"]
-
-
-class ValidationError(UsageError):
-    """A state validator refused an edit; nothing was saved."""
 
 
 def split_path(path: str) -> list[str]:

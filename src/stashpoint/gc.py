@@ -49,7 +49,11 @@ from ._fsutil import TMP_MARK, sweep_temp_files
 from ._ids import new_id
 from .blobs.local import LocalBlobStore
 from .blobs.objects import BlobCodec, PackPointer, make_pointer, parse_pointer
-from .errors import IntegrityError, NotFoundError, StashpointError
+from .errors import (
+    GcBusy,
+    IntegrityError,
+    NotFoundError,
+)
 from .model import Checkpoint
 from .stores.base import BlobInfo, CheckpointRow
 from .workspace.tree import TreeReader
@@ -526,10 +530,6 @@ def _exclusive(store: Store, lock_wait: float) -> Iterator[bool]:
         return
     with local.exclusive(attempts=1 + int(lock_wait / 0.1), pause=0.1) as got:
         yield got and store.meta.writers_in_flight() == 0
-
-
-class GcBusy(StashpointError):
-    """Another collector holds the store (one at a time per blob directory)."""
 
 
 @contextmanager

@@ -42,6 +42,7 @@ from .blobs.objects import BlobCodec, Blobs
 from .errors import (
     ConflictError,
     IntegrityError,
+    MirrorWarning,
     NotFoundError,
     StashpointError,
     StoreError,
@@ -104,10 +105,6 @@ def _clear_behind(meta: MetadataStore, seen: dict[str, str]) -> None:
 
 _BATCH_BYTES = 8 << 20
 _BATCH_MESSAGES = 1000
-
-
-class MirrorWarning(UserWarning):
-    """A read was served by the mirror because the primary failed (or a mirror write failed)."""
 
 
 class _Replicator:

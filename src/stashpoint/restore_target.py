@@ -25,7 +25,9 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from .errors import UsageError
+from .errors import (
+    RestoreRefused,
+)
 
 if TYPE_CHECKING:
     from ._store import Store
@@ -45,10 +47,6 @@ __all__ = [
 
 UNBOUND = ""
 """The binding of a branch that came from a bundle: no directory until the user names one."""
-
-
-class RestoreRefused(UsageError):
-    """A restore would write where the user did not point it (exit 1)."""
 
 
 def _key(session: str, branch: str) -> str:

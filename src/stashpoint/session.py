@@ -36,9 +36,12 @@ from .errors import (
     LeaseHeld,
     LeaseLost,
     NotFoundError,
+    RestoreBlocked,
     SchemaVersionError,
     StashpointError,
+    StashpointWarning,
     UsageError,
+    ValidationError,
 )
 from .integrity import EMPTY_CHAIN, message_chain
 from .lease import DEFAULT_TTL, Lease
@@ -48,7 +51,6 @@ from .redact import Redactor, make_redactor
 from .retention import check_not_pruned
 from .stores.base import BlobRow, CheckpointRow, Commit, Fence, LogAppend, LogInfo, lease_held
 from .workspace import Change, RestoreStats, Workspace, check_root, restoring
-from .workspace.restore import RestoreBlocked
 
 if TYPE_CHECKING:
     from .durable import Durable, Effect, Pending, RunResult, Task
@@ -79,10 +81,6 @@ def _backoff(attempt: int) -> None:
 _LINK_FILE = ".stashpoint"
 _INHERIT: Any = object()
 _POLICIES = ("step", "tool", "task")
-
-
-class StashpointWarning(UserWarning):
-    """Resuming under another agent config or state schema, and similar soft problems."""
 
 
 @dataclass
@@ -1016,7 +1014,6 @@ class Session:
 
     def validate(self, state: dict[str, Any]) -> None:
         """Run every validator; ValidationError naming the first that refuses."""
-        from .edit import ValidationError
 
         for check in self.validators:
             name = getattr(check, "__qualname__", repr(check))

@@ -25,7 +25,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from .errors import LeaseHeld, StashpointError, UsageError
+from .errors import GcBusy, LeaseHeld, StashpointError, UsageError
 from .retention import DEFAULT_POLICY, Policy, apply, parse_duration, plan_session
 
 if TYPE_CHECKING:
@@ -268,8 +268,6 @@ def run_if_due(store: Store) -> UpkeepReport | None:
             return None
         return run(store, upkeep)
     except Exception as exc:
-        from .gc import GcBusy
-
         if isinstance(exc, GcBusy):  # two stores closing at once: not a failure to report
             _log().info("stashpoint upkeep of %s: %s; retried at the next close", store.url, exc)
             return None

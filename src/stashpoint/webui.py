@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import quote, urlencode
 
 from .copy import printable_url
-from .errors import StashpointError, UsageError
+from .errors import MissingExtraError, StashpointError, UsageError
 
 if TYPE_CHECKING:
     from starlette.applications import Starlette
@@ -119,8 +119,6 @@ def create_app(
         from starlette.responses import HTMLResponse, RedirectResponse
         from starlette.routing import Route
     except ImportError as exc:  # pragma: no cover - depends on the environment
-        from .integrations import MissingExtraError
-
         raise MissingExtraError(
             "the web UI needs starlette and uvicorn: pip install 'stashpoint[ui]'"
         ) from exc

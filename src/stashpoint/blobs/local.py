@@ -24,15 +24,15 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from .._fsutil import atomic_write, fsync_dir, mkdir_private
-from ..errors import IntegrityError, StoreError
+from ..errors import (
+    IntegrityError,
+    PackMissing,
+    StoreError,
+)
 
 __all__ = ["LocalBlobStore", "PackMissing"]
 
 _LOCK_WAIT_S = 600.0
-
-
-class PackMissing(IntegrityError):
-    """A pack file is not there: damage, or a GC repacked it after the row was read."""
 
 
 _NAME = re.compile(r"[0-9a-f]{64}")

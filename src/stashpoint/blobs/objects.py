@@ -33,10 +33,9 @@ from typing import TYPE_CHECKING, NamedTuple
 
 import zstandard
 
-from ..errors import IntegrityError, NotFoundError
+from ..errors import IntegrityError, NotFoundError, PackMissing
 from ..stores.base import BlobRow, MetadataStore
 from .backend import BlobBackend
-from .local import PackMissing
 
 if TYPE_CHECKING:
     from concurrent.futures import Future, ThreadPoolExecutor

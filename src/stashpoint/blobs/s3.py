@@ -33,8 +33,7 @@ from contextlib import contextmanager
 from typing import Any
 from urllib.parse import urlsplit
 
-from ..errors import IntegrityError, StoreError, UsageError
-from .local import PackMissing
+from ..errors import IntegrityError, PackMissing, StoreError, UsageError
 
 __all__ = ["S3BlobStore", "parse_s3_url"]
 

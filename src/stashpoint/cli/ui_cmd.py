@@ -8,6 +8,7 @@ from pathlib import Path
 
 import click
 
+from ..errors import MissingExtraError
 from . import cli
 from ._app import Ctx, json_option
 
@@ -49,8 +50,6 @@ def ui(ctx: Ctx, port: int, host: str, token: str | None, open_browser: bool) ->
     try:
         import uvicorn
     except ImportError:
-        from ..integrations import MissingExtraError
-
         raise MissingExtraError(
             "the web UI needs starlette and uvicorn: pip install 'stashpoint[ui]'"
         ) from None

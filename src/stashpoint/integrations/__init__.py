@@ -13,17 +13,11 @@ from __future__ import annotations
 import importlib
 from types import ModuleType
 
-from ..errors import StashpointError
+from ..errors import (
+    MissingExtraError,
+)
 
 __all__ = ["MissingExtraError", "require"]
-
-
-class MissingExtraError(StashpointError, ImportError):
-    """An adapter's framework is not installed; the message names the extra to install.
-
-    An ``ImportError`` so that ``try: import ... except ImportError`` guards keep working, and
-    a ``StashpointError`` so the CLI maps it to exit code 1 with a readable line.
-    """
 
 
 def require(module: str, extra: str) -> ModuleType:

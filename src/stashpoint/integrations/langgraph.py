@@ -92,7 +92,7 @@ from typing import Any, NamedTuple, cast
 import msgspec
 import zstandard
 
-from . import MissingExtraError
+from ..errors import MissingExtraError
 
 try:
     from langchain_core.runnables import RunnableConfig

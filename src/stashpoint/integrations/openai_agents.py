@@ -29,7 +29,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from . import MissingExtraError
+from ..errors import MissingExtraError
 
 try:
     from agents.items import TResponseInputItem

@@ -25,7 +25,7 @@ import os
 from collections.abc import Sequence
 from typing import Any
 
-from . import MissingExtraError
+from ..errors import MissingExtraError
 
 try:
     from pydantic_ai.agent import AbstractAgent

@@ -23,7 +23,11 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
-from ..errors import ConflictError, LeaseHeld, LeaseLost
+from ..errors import (
+    GcEpochChanged,
+    LeaseHeld,
+    LeaseLost,
+)
 
 __all__ = [
     "BlobInfo",
@@ -44,14 +48,6 @@ GC_EPOCH_KEY = "gc_epoch"
 
 EPOCH_MAX_AGE = 1.0
 """How long a writer may rely on a ``gc_epoch`` it read (seconds); far below GC's grace."""
-
-
-class GcEpochChanged(ConflictError):
-    """A commit was built on blob-existence checks made before a GC condemned blobs.
-
-    Raised only for commits that carry ``gc_epoch``: the writer must re-check (re-scan) and
-    commit again, since a blob it found may be deleted by that GC.
-    """
 
 
 class BlobRow(NamedTuple):

@@ -34,9 +34,17 @@ from contextlib import contextmanager
 from typing import Any
 from urllib.parse import parse_qsl, quote, urlencode, urlsplit, urlunsplit
 
-from ..errors import ConflictError, LeaseHeld, LeaseLost, SchemaVersionError, StoreError, UsageError
+from ..errors import (
+    ConflictError,
+    GcEpochChanged,
+    LeaseHeld,
+    LeaseLost,
+    SchemaVersionError,
+    StoreError,
+    UsageError,
+)
 from ._sql import TABLES, TABLES_V2, TABLES_V3, SqlStore, _digest
-from .base import Commit, GcEpochChanged, LogAppend
+from .base import Commit, LogAppend
 
 __all__ = ["PostgresStore"]
 

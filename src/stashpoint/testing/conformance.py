@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from ..errors import ConflictError, IntegrityError, LeaseHeld, LeaseLost
+from ..errors import ConflictError, IntegrityError, LeaseHeld, LeaseLost, PackMissing
 from ..stores.base import (
     BlobInfo,
     BlobRow,
@@ -571,7 +571,6 @@ class BlobBackendConformance:
 
     def test_packs_write_read_list_delete(self, bb: Any) -> None:
         from .._ids import new_id
-        from ..blobs.local import PackMissing
 
         name = new_id()
         parts = [b"a" * 10, b"", "ünï".encode(), bytes(range(256))]

@@ -35,7 +35,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .._fsutil import TMP_MARK, sweep_temp_files
-from ..errors import StashpointError, UsageError
+from ..errors import (
+    RestoreBlocked,
+    StashpointError,
+)
 from ..model import TreeEntry
 from .tree import TreeReader, validate_name
 
@@ -116,12 +119,6 @@ if hasattr(os, "register_at_fork"):
 _PREFETCH_BYTES = 64 << 20
 """Content read ahead by one restore, at most."""
 _PREFETCH_MAX_FILE = 1 << 20
-
-
-class RestoreBlocked(UsageError):
-    """The target has a file or link where the workspace has a directory that still holds
-    ignored files, which a restore never touches: the user must move them first (as git
-    refuses to overwrite untracked files)."""
 
 
 @dataclass
