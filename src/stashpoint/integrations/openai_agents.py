@@ -14,7 +14,10 @@ are the stashpoint conversation of a stashpoint session (the ``messages`` state 
 an append-only log): every ``add_items`` is a checkpoint in a verified hash chain (with the
 workspace files at that moment, when the session has a workspace), ``pop_item`` and
 ``clear_session`` record the shorter conversation as a new checkpoint and keep the old ones,
-and any turn can be forked into an independent session.
+and any turn can be forked into an independent session. A run paused for tool approval is
+kept in the checkpoint too (:meth:`StashpointSession.save_run_state`), so any process can
+resume it from the store alone. Under the SDK's ``OpenAIResponsesCompactionSession``, a
+compaction replaces the history in one checkpoint.
 
 Needs ``pip install 'stashpoint[openai-agents]'``.
 """
@@ -103,7 +106,8 @@ class StashpointSession:
     timeout, a cancelled run) does not stop a write already under way: the call still
     raises ``CancelledError``, but only once the write has finished, so by then all its
     items are stored (none, if it was cancelled before it began). ``pop_item`` and
-    ``clear_session`` behave the same way.
+    ``clear_session`` behave the same way, and apply to the conversation as it is when they
+    are committed (with another writer's items, if any arrived meanwhile).
     """
 
     def __init__(
