@@ -248,7 +248,12 @@ class StashpointSession:
         its ``replace_suffix`` swaps the items it summarised for the summary in one
         checkpoint, and only while the conversation is still the one read here (another
         writer's items are never summarised away nor overwritten; it returns False instead).
-        Without this hook the SDK replaces the history as a clear and an add."""
+        Without this hook the SDK replaces the history as a clear and an add.
+
+        A subclass that transforms items in ``get_items`` / ``add_items`` gets None (the SDK
+        then uses those methods), as the SDK's own stores do: this would bypass them."""
+        if type(self) is not StashpointSession:
+            return None
 
         def read() -> tuple[tuple[int, str | None], list[Any]]:
             head, state = self._read()
@@ -280,7 +285,10 @@ class StashpointSession:
 
     async def _atomic_replace_items(self, items: list[TResponseInputItem]) -> bool:
         """The whole conversation replaced by ``items`` in one checkpoint (the SDK's manual
-        compaction; without this hook it clears the session, then adds the items)."""
+        compaction; without this hook it clears the session, then adds the items). False,
+        for the SDK to use those two instead, in a subclass (see the snapshot above)."""
+        if type(self) is not StashpointSession:
+            return False
         new = copy.deepcopy(list(items))
 
         def replace(state: dict[str, Any]) -> _Write:
