@@ -7,7 +7,6 @@ extras installed.
 from __future__ import annotations
 
 import asyncio
-import json
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -16,15 +15,9 @@ from typing import Any
 
 import pydantic_ai
 import pytest
-from agents import Agent, ModelResponse, RunConfig, Runner, Usage, function_tool
+from agents import Agent, RunConfig, Runner, function_tool
 from agents.memory import Session as SDKSession
 from agents.memory import SessionSettings
-from agents.models.interface import Model
-from openai.types.responses import (
-    ResponseFunctionToolCall,
-    ResponseOutputMessage,
-    ResponseOutputText,
-)
 from pydantic_ai.messages import (
     BinaryContent,
     ModelMessage,
@@ -43,21 +36,9 @@ from stashpoint.integrations.openai_agents import StashpointSession
 from stashpoint.integrations.pydantic_ai import MessageHistory
 from stashpoint.verify import verify_store
 
+from .agents_scripted import Scripted, answer, user
+
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
-
-
-def user(text: str) -> dict[str, Any]:
-    return {"role": "user", "content": text}
-
-
-def answer(text: str, ident: str = "m") -> dict[str, Any]:
-    return {
-        "id": ident,
-        "type": "message",
-        "role": "assistant",
-        "status": "completed",
-        "content": [{"type": "output_text", "text": text, "annotations": []}],
-    }
 
 
 # -- OpenAI Agents SDK ---------------------------------------------------------------------
@@ -102,48 +83,6 @@ def test_agents_session_protocol_keeps_history(tmp_path: Path) -> None:
     store = stashpoint.open(tmp_path / "store")
     assert verify_store(store).ok
     store.close()
-
-
-class Scripted(Model):
-    """Rules instead of an API: ``write NAME: TEXT`` calls the tool, a tool result gets a
-    final answer, anything else is answered with the number of user inputs it was given."""
-
-    def __init__(self) -> None:
-        self.n = 0
-
-    async def get_response(
-        self, system_instructions: str | None, input: Any, *args: Any, **kwargs: Any
-    ) -> ModelResponse:
-        self.n += 1
-        items = [user(input)] if isinstance(input, str) else input
-        last = items[-1]
-        if last.get("type") == "function_call_output":
-            out: Any = self.text(f"done: {last['output']}")
-        elif str(last.get("content", "")).startswith("write "):
-            name, _, body = str(last["content"])[6:].partition(": ")
-            out = ResponseFunctionToolCall(
-                id=f"fc{self.n}",
-                call_id=f"call{self.n}",
-                type="function_call",
-                name="write_file",
-                arguments=json.dumps({"name": name, "text": body}),
-            )
-        else:
-            out = self.text(f"{sum(1 for i in items if i.get('role') == 'user')} inputs")
-        return ModelResponse(output=[out], usage=Usage(), response_id=None)
-
-    def text(self, text: str) -> ResponseOutputMessage:
-        part = ResponseOutputText(type="output_text", text=text, annotations=[], logprobs=[])
-        return ResponseOutputMessage(
-            id=f"msg{self.n}",
-            type="message",
-            role="assistant",
-            status="completed",
-            content=[part],
-        )
-
-    def stream_response(self, *args: Any, **kwargs: Any) -> Any:
-        raise NotImplementedError
 
 
 def agent_for(workspace: Path) -> Agent[Any]:

@@ -471,9 +471,11 @@ class AsyncSession:
         status: str | None = None,
         artifacts: Mapping[str, str | os.PathLike[str] | None] | None = None,
         append_messages: Sequence[Any] | None = None,
+        expect_head: str | None = None,
     ) -> Checkpoint:
         """Record a checkpoint of ``state`` and the workspace, atomically (see
-        :meth:`Session.checkpoint`, and its ``append_messages`` for concurrent appends).
+        :meth:`Session.checkpoint`, and its ``append_messages`` for concurrent appends and
+        ``expect_head`` for a compare-and-set on the head).
 
         ``state`` is encoded in the worker thread: do not mutate it until the call returns.
         ``progress`` is called from the worker thread (use ``loop.call_soon_threadsafe`` to
@@ -493,6 +495,7 @@ class AsyncSession:
             status=status,
             artifacts=artifacts,
             append_messages=append_messages,
+            expect_head=expect_head,
         )
 
     async def artifacts(self, ref: str | Checkpoint | None = None) -> dict[str, ArtifactRef]:

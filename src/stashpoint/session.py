@@ -673,6 +673,7 @@ class Session:
         journal: LogRef | None = _INHERIT,
         artifacts: Mapping[str, str | os.PathLike[str] | None] | None = None,
         append_messages: Sequence[Any] | None = None,
+        expect_head: str | None = None,
     ) -> Checkpoint:
         """Record a checkpoint of ``state`` (default: the head's state, unchanged) and the
         workspace (when the session has one and ``files`` is true), atomically.
@@ -686,6 +687,10 @@ class Session:
         path}``; None detaches a name), stored as content-defined chunks. A
         checkpoint keeps its parent's other artifacts: attach a name again when its file
         changed.
+
+        ``expect_head`` (a checkpoint id, or ``""`` for a branch without one) commits only on
+        that head and raises :class:`ConflictError` if another writer moved it: a caller that
+        derived ``state`` from the head it read does not overwrite what it did not see.
 
         With ``skip_unchanged`` and no ``state``, a workspace identical to the head's returns
         the head instead of recording a duplicate (what agent hooks that fire after every tool
@@ -751,6 +756,11 @@ class Session:
             art_refs, art_rows = store_artifacts(self.store.blobs, artifacts, progress)
         for _attempt in range(_MAX_RETRIES):
             head = self.head
+            if expect_head is not None and (head.id if head else "") != expect_head:
+                self._reload_head()  # this object's view may be what is out of date
+                head = self.head
+                if (head.id if head else "") != expect_head:
+                    raise ConflictError(f"session {self.name!r} branch {self.branch!r} moved on")
             if ws_ref is None and head is not None and not files:
                 ws_ref = head.workspace
             if added is not None:

@@ -14,7 +14,10 @@ are the stashpoint conversation of a stashpoint session (the ``messages`` state 
 an append-only log): every ``add_items`` is a checkpoint in a verified hash chain (with the
 workspace files at that moment, when the session has a workspace), ``pop_item`` and
 ``clear_session`` record the shorter conversation as a new checkpoint and keep the old ones,
-and any turn can be forked into an independent session.
+and any turn can be forked into an independent session. A run paused for tool approval is
+kept in the checkpoint too (:meth:`StashpointSession.save_run_state`), so any process can
+resume it from the store alone. Under the SDK's ``OpenAIResponsesCompactionSession``, a
+compaction replaces the history in one checkpoint.
 
 Needs ``pip install 'stashpoint[openai-agents]'``.
 """
@@ -24,7 +27,9 @@ from __future__ import annotations
 import asyncio
 import copy
 import os
+import random
 import threading
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -32,8 +37,10 @@ from typing import Any, TypeVar
 from ..errors import MissingExtraError
 
 try:
+    from agents import Agent, RunResult, RunResultStreaming, RunState
     from agents.items import TResponseInputItem
     from agents.memory import SessionSettings
+    from agents.memory.session import _CompactionSnapshot
     from agents.memory.session_settings import resolve_session_limit
 except ImportError as exc:
     raise MissingExtraError(
@@ -43,14 +50,22 @@ except ImportError as exc:
 
 from .. import serde
 from .._store import Store, open_store
-from ..errors import UsageError
+from ..errors import ConflictError, LeaseHeld, LeaseLost, UsageError
 from ..integrity import EMPTY_CHAIN, message_chain
 from ..model import Checkpoint
 from ..session import Session
 
-__all__ = ["StashpointSession", "Turn"]
+__all__ = ["RUN_STATE_KEY", "StashpointSession", "Turn"]
 
 _T = TypeVar("_T")
+
+RUN_STATE_KEY = "openai_agents.run_state"
+"""State key of the run saved by :meth:`StashpointSession.save_run_state`."""
+
+_RETRIES = 50
+
+_Write = tuple[dict[str, Any], str, dict[str, Any]]
+"""A whole state to commit, the checkpoint message and its ``openai_agents`` meta."""
 
 
 @dataclass(frozen=True)
@@ -91,7 +106,8 @@ class StashpointSession:
     timeout, a cancelled run) does not stop a write already under way: the call still
     raises ``CancelledError``, but only once the write has finished, so by then all its
     items are stored (none, if it was cancelled before it began). ``pop_item`` and
-    ``clear_session`` behave the same way.
+    ``clear_session`` behave the same way, and apply to the conversation as it is when they
+    are committed (with another writer's items, if any arrived meanwhile).
     """
 
     def __init__(
@@ -148,25 +164,138 @@ class StashpointSession:
 
     async def pop_item(self) -> TResponseInputItem | None:
         """Remove the last item; the checkpoints that had it stay in the history."""
+        popped: list[Any] = []
 
-        def pop() -> Any:
-            items = self._items()
+        def pop(state: dict[str, Any]) -> _Write | None:
+            items = list(state.get(self.stash.conversation_key) or [])
+            popped[:] = items[-1:]
             if not items:
                 return None
-            self._record(items[:-1], "edit", f"pop_item: {_describe(items[-1])}")
-            return items[-1]
+            return self._with_items(state, items[:-1], f"pop_item: {_describe(items[-1])}")
 
-        popped: TResponseInputItem | None = copy.deepcopy(await _settled(self._call(pop)))
-        return popped
+        await _settled(self._call(lambda: self._rewrite(pop, "edit")))
+        return copy.deepcopy(popped[0]) if popped else None
 
     async def clear_session(self) -> None:
         """Start over with an empty conversation; the earlier checkpoints stay."""
 
-        def clear() -> None:
-            if self._items():
-                self._record([], "edit", "clear_session")
+        def clear(state: dict[str, Any]) -> _Write | None:
+            if not state.get(self.stash.conversation_key):
+                return None
+            return self._with_items(state, [], "clear_session")
 
-        await _settled(self._call(clear))
+        await _settled(self._call(lambda: self._rewrite(clear, "edit")))
+
+    # -- a run paused for approval ---------------------------------------------------------
+    async def save_run_state(
+        self,
+        run: RunState[Any, Any] | RunResult | RunResultStreaming,
+        **to_json: Any,
+    ) -> Checkpoint:
+        """Keep a run paused for approval (``result.interruptions``) in this session, so that
+        any process can resume it from the store alone (:meth:`load_run_state`).
+
+        ``run`` is the result (or ``result.to_state()``); ``to_json`` goes to the SDK's
+        ``RunState.to_json`` (``context_serializer``, ...). The state is recorded in a
+        checkpoint (kind ``paused``) together with the conversation it belongs to: it is
+        resumable while the conversation is still that one, so once the resumed run adds its
+        items it is spent, and rewinding or forking to that checkpoint brings it back.
+        """
+        state = run if isinstance(run, RunState) else run.to_state()
+        data = state.to_json(**to_json)
+        waiting = sorted({str(i.tool_name or "tool") for i in state.get_interruptions()})
+
+        def save(current: dict[str, Any]) -> _Write:
+            saved = {"conversation": list(_conversation_id(self.stash.head)), "state": data}
+            message = "agents run paused" + (f": awaiting {', '.join(waiting)}" if waiting else "")
+            return {**current, RUN_STATE_KEY: saved}, message, {"awaiting": waiting}
+
+        cp = await _settled(self._call(lambda: self._rewrite(save, "paused")))
+        assert cp is not None  # save always writes
+        return cp
+
+    async def load_run_state(
+        self, agent: Agent[Any], **from_json: Any
+    ) -> RunState[Any, Agent[Any]] | None:
+        """The run :meth:`save_run_state` kept with the current conversation, ready to approve
+        and pass to ``Runner.run(agent, state, session=self)``; None when there is none, or
+        when the conversation has moved on since (the run was resumed, or another writer
+        added items). ``agent`` is the run's starting agent; ``from_json`` goes to
+        ``RunState.from_json`` (``context_override``, ...)."""
+
+        def read() -> Any:
+            head, state = self._read()
+            saved = state.get(RUN_STATE_KEY)
+            if not isinstance(saved, dict) or saved.get("conversation") != list(
+                _conversation_id(head)
+            ):
+                return None
+            return copy.deepcopy(saved["state"])
+
+        data = await self._call(read)
+        if data is None:
+            return None
+        return await RunState.from_json(agent, data, **from_json)
+
+    # -- the SDK's compaction hooks --------------------------------------------------------
+    async def _get_compaction_snapshot(
+        self,
+        limit: int,
+        *,
+        prune_prefix: Callable[[TResponseInputItem], bool] | None = None,
+    ) -> _CompactionSnapshot | None:
+        """The latest ``limit`` items, for the SDK's ``OpenAIResponsesCompactionSession``:
+        its ``replace_suffix`` swaps the items it summarised for the summary in one
+        checkpoint, and only while the conversation is still the one read here (another
+        writer's items are never summarised away nor overwritten; it returns False instead).
+        Without this hook the SDK replaces the history as a clear and an add.
+
+        A subclass that transforms items in ``get_items`` / ``add_items`` gets None (the SDK
+        then uses those methods), as the SDK's own stores do: this would bypass them."""
+        if type(self) is not StashpointSession:
+            return None
+
+        def read() -> tuple[tuple[int, str | None], list[Any]]:
+            head, state = self._read()
+            return _conversation_id(head), list(state.get(self.stash.conversation_key) or [])
+
+        seen, items = await self._call(read)
+        window = items[-limit:] if limit > 0 else []
+        offset = len(items) - len(window)
+
+        async def replace_suffix(start: int, output: list[TResponseInputItem]) -> bool:
+            if not 0 <= start < len(window):
+                return False
+            summary = copy.deepcopy(list(output))
+
+            def replace(state: dict[str, Any]) -> _Write | None:
+                if _conversation_id(self.stash.head) != seen:
+                    return None
+                kept = items[: offset + start]
+                if prune_prefix is not None:
+                    while kept and prune_prefix(kept[0]):
+                        kept.pop(0)
+                message = f"compaction: {len(items) - len(kept)} items -> {len(summary)}"
+                return self._with_items(state, [*kept, *summary], message)
+
+            cp = await _settled(self._call(lambda: self._rewrite(replace, "edit")))
+            return cp is not None
+
+        return _CompactionSnapshot(copy.deepcopy(window), offset == 0, replace_suffix)
+
+    async def _atomic_replace_items(self, items: list[TResponseInputItem]) -> bool:
+        """The whole conversation replaced by ``items`` in one checkpoint (the SDK's manual
+        compaction; without this hook it clears the session, then adds the items). False,
+        for the SDK to use those two instead, in a subclass (see the snapshot above)."""
+        if type(self) is not StashpointSession:
+            return False
+        new = copy.deepcopy(list(items))
+
+        def replace(state: dict[str, Any]) -> _Write:
+            return self._with_items(state, new, f"replaced by {len(new)} items")
+
+        await _settled(self._call(lambda: self._rewrite(replace, "edit")))
+        return True
 
     # -- branching -------------------------------------------------------------------------
     def turns(self) -> list[Turn]:
@@ -203,8 +332,11 @@ class StashpointSession:
                 forked = self._fresh().fork(ref, branch)
         new = StashpointSession._wrap(self, forked)
         if keep is not None:
+            truncated = keep
             with new._mutex:
-                new._record(keep, "edit", f"fork at turn {at}")
+                new._rewrite(
+                    lambda st: new._with_items(st, truncated, f"fork at turn {at}"), "edit"
+                )
         return new
 
     def _turn_checkpoint(self, n: int) -> tuple[str, list[Any] | None]:
@@ -274,15 +406,49 @@ class StashpointSession:
         else:
             self._cache = None
 
-    def _record(self, items: list[Any], kind: str, message: str) -> None:
-        state = {**self._state(), self.stash.conversation_key: items}
-        cp = self.stash.checkpoint(
-            state,
-            kind=kind,
-            message=f"agents {message}",
-            meta={"openai_agents": {"items": len(items)}},
-        )
-        self._cache = (cp.id, state)
+    def _read(self) -> tuple[Checkpoint | None, dict[str, Any]]:
+        """The branch head and its state, read together."""
+        for _ in range(_RETRIES):
+            state = self._state()
+            head = self.stash.head
+            if self._cache is not None and self._cache[0] == (head.id if head else None):
+                return head, state
+            self._cache = None  # the head moved while it was read: again
+        raise ConflictError(f"session {self.stash.name!r} is being written by others too fast")
+
+    def _rewrite(
+        self, change: Callable[[dict[str, Any]], _Write | None], kind: str
+    ) -> Checkpoint | None:
+        """One checkpoint of the state ``change`` derives from the head's (None: nothing to
+        record), committed on that head only: when another writer moves it first, ``change``
+        runs again on theirs, so what they added is never overwritten by a stale copy."""
+        for attempt in range(_RETRIES):
+            head, state = self._read()
+            write = change(state)
+            if write is None:
+                return None
+            new, message, meta = write
+            try:
+                cp = self.stash.checkpoint(
+                    new,
+                    kind=kind,
+                    message=f"agents {message}",
+                    meta={"openai_agents": meta},
+                    expect_head=head.id if head else "",
+                )
+            except (LeaseHeld, LeaseLost):
+                raise
+            except ConflictError:
+                self._cache = None
+                if attempt:
+                    time.sleep(random.uniform(0, min(0.05, 0.0005 * 2**attempt)))
+                continue
+            self._cache = (cp.id, new)
+            return cp
+        raise ConflictError(f"session {self.stash.name!r} is being written by others too fast")
+
+    def _with_items(self, state: dict[str, Any], items: list[Any], message: str) -> _Write:
+        return {**state, self.stash.conversation_key: items}, message, {"items": len(items)}
 
     def close(self) -> None:
         """Close the store if this session opened it."""
@@ -309,6 +475,12 @@ async def _settled(call: Awaitable[_T]) -> _T:
             task.exception()  # retrieved: the cancellation is what the caller hears about
         raise cancelled
     return task.result()
+
+
+def _conversation_id(head: Checkpoint | None) -> tuple[int, str | None]:
+    """The head's conversation as (length, chain hash): equal ids, equal items."""
+    conv = head.state.conversation if head is not None else None
+    return (conv.length, conv.hash) if conv is not None else (0, None)
 
 
 def _text(item: Any) -> str:
