@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec, TypeVar, cast, ov
 
 import msgspec
 
-from . import restore_target, serde
+from . import restore_target, serde, statediff
 from ._ids import new_id
 from ._store import Store, config_hash
 from .durability import Durability
@@ -46,8 +46,9 @@ from .lease import acquire as acquire_lease
 from .model import KINDS, Checkpoint, ConversationRef, LogRef, StateRef, WorkspaceRef, utc_now_iso
 from .redact import Redactor, make_redactor
 from .retention import check_not_pruned
+from .statediff import CheckpointDiff
 from .stores.base import BlobRow, CheckpointRow, Commit, Fence, LogAppend, LogInfo, lease_held
-from .workspace import Change, RestoreStats, Workspace, check_root, restoring
+from .workspace import RestoreStats, Workspace, check_root, restoring
 from .workspace.restore import RestoreBlocked
 
 if TYPE_CHECKING:
@@ -100,17 +101,6 @@ class RewindResult:
     """Artifacts restored: name -> the path written."""
     undo: str = ""
     """The shell command that undoes this rewind, from any directory."""
-
-
-@dataclass
-class CheckpointDiff:
-    a: Checkpoint
-    b: Checkpoint
-    values: list[tuple[str, str, Any, Any]] = field(default_factory=list)
-    """(key, added|removed|changed, old, new)"""
-    messages_removed: int = 0
-    messages_added: list[Any] = field(default_factory=list)
-    files: list[Change] = field(default_factory=list)
 
 
 def _holding_write_lock(
@@ -1846,35 +1836,12 @@ class Session:
 
     # -- diff -----------------------------------------------------------------------------
     def diff(self, a: str | Checkpoint, b: str | Checkpoint) -> CheckpointDiff:
+        """What changed from ``a`` to ``b``: decoded state values, the conversation as
+        messages added, removed and edited, and the files (see :mod:`stashpoint.statediff`)."""
         ca = a if isinstance(a, Checkpoint) else self.get(a)
         cb = b if isinstance(b, Checkpoint) else self.get(b)
         check_not_pruned(self.store, [ca, cb])
-        out = CheckpointDiff(ca, cb)
-        va, vb = ca.state.values, cb.state.values
-        blobs = self.store.blobs
-        for key in sorted(va.keys() | vb.keys()):
-            da, db = va.get(key), vb.get(key)
-            if da == db:
-                continue
-            old = serde.decode(blobs.read(bytes.fromhex(da))) if da else None
-            new = serde.decode(blobs.read(bytes.fromhex(db))) if db else None
-            status = "added" if da is None else "removed" if db is None else "changed"
-            out.values.append((key, status, old, new))
-        conv_a, conv_b = ca.state.conversation, cb.state.conversation
-        if conv_a != conv_b:
-            ma = self._load_messages(conv_a) if conv_a else []
-            mb = self._load_messages(conv_b) if conv_b else []
-            k = 0
-            while k < min(len(ma), len(mb)) and ma[k] == mb[k]:
-                k += 1
-            out.messages_removed = len(ma) - k
-            out.messages_added = mb[k:]
-        ta = bytes.fromhex(ca.workspace.tree) if ca.workspace else None
-        tb = bytes.fromhex(cb.workspace.tree) if cb.workspace else None
-        from .workspace.tree import TreeReader
-
-        out.files = list(TreeReader(blobs).diff(ta, tb))
-        return out
+        return statediff.compare(self, ca, cb)
 
 
 def _chained(
