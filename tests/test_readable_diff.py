@@ -6,6 +6,7 @@ session, in the CLI as a user types it (text and ``--json``), ``Session.diff`` a
 from __future__ import annotations
 
 import asyncio
+import base64
 import json
 import re
 from collections.abc import Iterator
@@ -29,7 +30,8 @@ from starlette.testclient import TestClient
 import stashpoint
 import stashpoint.aio
 from stashpoint.cli import cli
-from stashpoint.integrations.langgraph import StashpointSaver
+from stashpoint.integrations.langgraph import StashpointSaver, _pack
+from stashpoint.integrations.langgraph_values import decode_text
 from stashpoint.integrations.pydantic_ai import MessageHistory
 from stashpoint.statediff import ValueChange, render_message
 from stashpoint.webui import create_app
@@ -264,6 +266,9 @@ def test_messages_of_each_framework_render_as_role_and_text(
     }
     assert render_message(msg) == ("assistant", "hi", "m1", ())
     assert render_message({"x": [1]}) == ("?", '{"x": [1]}', None, ())
+    # a LangGraph value its default serializer cannot read (an encrypting one wrote it)
+    sealed = base64.b64encode(_pack(("msgpack+aes", b"\x01" * 80))).decode()
+    assert decode_text(sealed).startswith("<LangGraph value of type 'msgpack+aes', 80 bytes")
     # Pydantic AI messages, saved through its integration and diffed
     history = MessageHistory("pai", store)
     asked = ModelRequest(parts=[UserPromptPart(content="weather?")])
