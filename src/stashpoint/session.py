@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec, TypeVar, cast, ov
 
 import msgspec
 
-from . import restore_target, serde, statediff
+from . import restore_target, serde
 from ._ids import new_id
 from ._store import Store, config_hash
 from .durability import Durability
@@ -46,7 +46,6 @@ from .lease import acquire as acquire_lease
 from .model import KINDS, Checkpoint, ConversationRef, LogRef, StateRef, WorkspaceRef, utc_now_iso
 from .redact import Redactor, make_redactor
 from .retention import check_not_pruned
-from .statediff import CheckpointDiff
 from .stores.base import BlobRow, CheckpointRow, Commit, Fence, LogAppend, LogInfo, lease_held
 from .workspace import RestoreStats, Workspace, check_root, restoring
 from .workspace.restore import RestoreBlocked
@@ -55,10 +54,22 @@ if TYPE_CHECKING:
     from .durable import Durable, Effect, Pending, RunResult, Task
     from .model import ArtifactRef
     from .notify import Notifier
+    from .statediff import CheckpointDiff
 
 F = TypeVar("F", bound=Callable[..., Any])
 P = ParamSpec("P")
 R = TypeVar("R")
+
+
+def __getattr__(name: str) -> Any:
+    # CheckpointDiff lives with the code that renders diffs, imported on first use: a
+    # process that only checkpoints (an agent hook) does not pay for it.
+    if name == "CheckpointDiff":
+        from .statediff import CheckpointDiff
+
+        return CheckpointDiff
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 __all__ = [
     "CheckpointDiff",
@@ -1841,7 +1852,9 @@ class Session:
         ca = a if isinstance(a, Checkpoint) else self.get(a)
         cb = b if isinstance(b, Checkpoint) else self.get(b)
         check_not_pruned(self.store, [ca, cb])
-        return statediff.compare(self, ca, cb)
+        from .statediff import compare
+
+        return compare(self, ca, cb)
 
 
 def _chained(
