@@ -61,7 +61,7 @@ def details(cp: Checkpoint, blobs: Blobs) -> dict[str, Any]:
 
 def _internal(channel: str) -> bool:
     """LangGraph's bookkeeping channels (``branch:to:node``, ``__start__``...), not state."""
-    return channel.startswith(("branch:", "__")) or ":" in channel
+    return channel.startswith("__") or ":" in channel
 
 
 def channel_refs(cp: Checkpoint, blobs: Blobs) -> dict[str, str]:
