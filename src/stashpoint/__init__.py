@@ -22,7 +22,7 @@ _EXPORTS = {
     "AsyncSession": "stashpoint.aio",
     "AsyncStore": "stashpoint.aio",
     "Checkpoint": "stashpoint.model",
-    "CheckpointDiff": "stashpoint.session",
+    "CheckpointDiff": "stashpoint.statediff",
     "ClashError": "stashpoint.errors",
     "ConflictError": "stashpoint.errors",
     "DivergenceError": "stashpoint.errors",
@@ -154,7 +154,8 @@ if TYPE_CHECKING:
     from .model import ArtifactRef, Checkpoint
     from .redact import Redactor
     from .serde import register_type
-    from .session import CheckpointDiff, RewindResult, Session
+    from .session import RewindResult, Session
+    from .statediff import CheckpointDiff
 
 
 def __getattr__(name: str) -> Any:

@@ -50,16 +50,28 @@ from .model import KINDS, Checkpoint, ConversationRef, LogRef, StateRef, Workspa
 from .redact import Redactor, make_redactor
 from .retention import check_not_pruned
 from .stores.base import BlobRow, CheckpointRow, Commit, Fence, LogAppend, LogInfo, lease_held
-from .workspace import Change, RestoreStats, Workspace, check_root, restoring
+from .workspace import RestoreStats, Workspace, check_root, restoring
 
 if TYPE_CHECKING:
     from .durable import Durable, Effect, Pending, RunResult, Task
     from .model import ArtifactRef
     from .notify import Notifier
+    from .statediff import CheckpointDiff
 
 F = TypeVar("F", bound=Callable[..., Any])
 P = ParamSpec("P")
 R = TypeVar("R")
+
+
+def __getattr__(name: str) -> Any:
+    # CheckpointDiff lives with the code that renders diffs, imported on first use: a
+    # process that only checkpoints (an agent hook) does not pay for it.
+    if name == "CheckpointDiff":
+        from .statediff import CheckpointDiff
+
+        return CheckpointDiff
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 __all__ = [
     "CheckpointDiff",
@@ -98,17 +110,6 @@ class RewindResult:
     """Artifacts restored: name -> the path written."""
     undo: str = ""
     """The shell command that undoes this rewind, from any directory."""
-
-
-@dataclass
-class CheckpointDiff:
-    a: Checkpoint
-    b: Checkpoint
-    values: list[tuple[str, str, Any, Any]] = field(default_factory=list)
-    """(key, added|removed|changed, old, new)"""
-    messages_removed: int = 0
-    messages_added: list[Any] = field(default_factory=list)
-    files: list[Change] = field(default_factory=list)
 
 
 def _holding_write_lock(
@@ -1853,35 +1854,14 @@ class Session:
 
     # -- diff -----------------------------------------------------------------------------
     def diff(self, a: str | Checkpoint, b: str | Checkpoint) -> CheckpointDiff:
+        """What changed from ``a`` to ``b``: decoded state values, the conversation as
+        messages added, removed and edited, and the files (see :mod:`stashpoint.statediff`)."""
         ca = a if isinstance(a, Checkpoint) else self.get(a)
         cb = b if isinstance(b, Checkpoint) else self.get(b)
         check_not_pruned(self.store, [ca, cb])
-        out = CheckpointDiff(ca, cb)
-        va, vb = ca.state.values, cb.state.values
-        blobs = self.store.blobs
-        for key in sorted(va.keys() | vb.keys()):
-            da, db = va.get(key), vb.get(key)
-            if da == db:
-                continue
-            old = serde.decode(blobs.read(bytes.fromhex(da))) if da else None
-            new = serde.decode(blobs.read(bytes.fromhex(db))) if db else None
-            status = "added" if da is None else "removed" if db is None else "changed"
-            out.values.append((key, status, old, new))
-        conv_a, conv_b = ca.state.conversation, cb.state.conversation
-        if conv_a != conv_b:
-            ma = self._load_messages(conv_a) if conv_a else []
-            mb = self._load_messages(conv_b) if conv_b else []
-            k = 0
-            while k < min(len(ma), len(mb)) and ma[k] == mb[k]:
-                k += 1
-            out.messages_removed = len(ma) - k
-            out.messages_added = mb[k:]
-        ta = bytes.fromhex(ca.workspace.tree) if ca.workspace else None
-        tb = bytes.fromhex(cb.workspace.tree) if cb.workspace else None
-        from .workspace.tree import TreeReader
+        from .statediff import compare
 
-        out.files = list(TreeReader(blobs).diff(ta, tb))
-        return out
+        return compare(self, ca, cb)
 
 
 def _chained(

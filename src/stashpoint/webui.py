@@ -44,6 +44,7 @@ if TYPE_CHECKING:
     from ._store import Store
     from .model import Checkpoint
     from .session import Session
+    from .statediff import CheckpointDiff
 
 __all__ = ["LOOPBACK", "create_app", "new_token"]
 
@@ -52,6 +53,8 @@ COOKIE = "stashpoint_ui"
 MAX_STATE_CHARS = 200_000
 MAX_FILES_LISTED = 2_000
 MAX_DIFF_CHARS = 400_000
+MAX_VALUE_CHARS = 2_000
+_CLASSES = {"add": "add", "del": "del", "head": "hunk"}
 
 _CSS = """
 body{font:14px/1.45 system-ui,sans-serif;margin:0;color:#1d232a;background:#fafbfc}
@@ -551,21 +554,17 @@ def _checkpoint_html(s: Session, cp: Checkpoint, form: Callable[..., str]) -> st
     return body
 
 
-def _diff_html(s: Session, d: Any) -> str:
+def _diff_html(s: Session, d: CheckpointDiff) -> str:
     from .cli.textdiff import file_diff
-    from .serde import to_tree
+    from .statediff import text_lines
 
     out = []
-    for key, status, old, new in d.values:
-        pair = json.dumps({"old": to_tree(old), "new": to_tree(new)}, indent=1, default=str)
-        out.append(
-            f"<h4>state <code>{_e(key)}</code>: {_e(status)}</h4><pre>{_e(pair[:20_000])}</pre>"
-        )
-    if d.messages_removed or d.messages_added:
-        out.append(
-            f"<h4>conversation: -{d.messages_removed} +{len(d.messages_added)} messages</h4>"
-            f"<pre>{_e(_json(to_tree(d.messages_added[:50]))[:40_000])}</pre>"
-        )
+    lines = [
+        f"<span class='{_CLASSES[style]}'>{_e(line)}</span>" if _CLASSES.get(style) else _e(line)
+        for style, line in text_lines(d, limit=MAX_VALUE_CHARS)
+    ]
+    if lines:
+        out.append(f"<h3>State and conversation</h3><pre>{chr(10).join(lines)}</pre>")
     budget = MAX_DIFF_CHARS
     files = []
     for change in d.files:

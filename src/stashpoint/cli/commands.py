@@ -448,42 +448,21 @@ def diff(ctx: Ctx, a: str, b: str, stat: bool) -> None:
       stashpoint diff HEAD~1 HEAD
       stashpoint diff 01JA0000 --stat
     """
-    from ..serde import to_tree
+    from ..statediff import text_lines, to_json
     from .textdiff import file_diff
 
     session = ctx.session(files=False)
     d = session.diff(a, b)
     if ctx.json:
-        emit(
-            ctx,
-            {
-                "a": d.a.id,
-                "b": d.b.id,
-                "values": [
-                    {"key": k, "status": s, "old": to_tree(o), "new": to_tree(n)}
-                    for k, s, o, n in d.values
-                ],
-                "messages_removed": d.messages_removed,
-                "messages_added": to_tree(d.messages_added),
-                "files": [{"path": os.fsdecode(c.path), "status": c.status} for c in d.files],
-            },
-        )
+        emit(ctx, to_json(d))
         return
     click.echo(f"diff {short(d.a.id)} -> {short(d.b.id)}")
-    for key, status, old, new in d.values:
-        click.echo(click.style(f"state {key}: {status}", bold=True))
-        if status != "added":
-            click.echo(click.style(f"- {old!r}"[:500], fg="red"))
-        if status != "removed":
-            click.echo(click.style(f"+ {new!r}"[:500], fg="green"))
-    if d.messages_removed or d.messages_added:
-        click.echo(
-            click.style(
-                f"conversation: -{d.messages_removed} +{len(d.messages_added)} messages", bold=True
-            )
-        )
-        for m in d.messages_added[:20]:
-            click.echo(click.style(f"+ {m!r}"[:300], fg="green"))
+    for style, line in text_lines(d):
+        if style == "head":
+            line = click.style(line, bold=True)
+        elif style:
+            line = click.style(line, fg="green" if style == "add" else "red")
+        click.echo(line)
     for change in d.files:
         path = os.fsdecode(change.path)
         if stat:
