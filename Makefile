@@ -18,8 +18,13 @@ setup: $(STAMP)
 demo: $(STAMP)
 	$(VENV)/bin/stashpoint demo
 
+# Tests run on every core (pytest-xdist): most of their time is spent waiting on
+# subprocesses, fsync and the database servers, not on one CPU.
 test: $(STAMP)
-	$(PY) -m pytest
+	@missing=""; command -v chromium >/dev/null || missing="$$missing chromium"; \
+	  command -v pgbouncer >/dev/null || [ -x /usr/sbin/pgbouncer ] || missing="$$missing pgbouncer"; \
+	  [ -z "$$missing" ] || echo "note: the browser and PgBouncer tests are skipped without:$$missing (apt-get install$$missing; .ci/run does this)"
+	$(PY) -m pytest -n auto
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check src tests bench examples
