@@ -27,8 +27,8 @@ test: $(STAMP)
 	$(PY) -m pytest -n auto
 
 lint: $(STAMP)
-	$(VENV)/bin/ruff check src tests bench examples
-	$(VENV)/bin/ruff format --check src tests bench examples
+	$(VENV)/bin/ruff check src tests bench examples tools
+	$(VENV)/bin/ruff format --check src tests bench examples tools
 	$(VENV)/bin/mypy --strict src/stashpoint
 
 $(VENV)/.bench-installed: $(STAMP)
