@@ -707,6 +707,7 @@ class Session:
             if append_messages is not None:
                 append_messages = [self.redactor(m) for m in append_messages]
             state, message, meta = self._redact(state, message, meta)
+            label = self._redact_label(label)
         if append_messages is not None:
             added = [serde.encode(m) for m in append_messages]  # once, for every attempt
         ws_ref: WorkspaceRef | None = None
@@ -996,8 +997,21 @@ class Session:
     def label(self, ref: str, label: str | None) -> Checkpoint:
         cp = self.get(ref)
         self.check_may_write()
-        self._set_label(cp.id, label)
+        self._set_label(cp.id, self._redact_label(label))
         return cp
+
+    def _redact_label(self, label: str | None) -> str | None:
+        """A label is stored as given, in the record and the label index: scrubbed like a
+        message (a label holding a secret is renamed ``[REDACTED:<kind>]``)."""
+        fn = self.redactor
+        if label is None or fn is None:
+            return label
+        out = fn.scrub(label) if isinstance(fn, Redactor) else fn(label)
+        if not isinstance(out, str):
+            raise UsageError("the redactor returned a non-string for the checkpoint label")
+        if isinstance(fn, Redactor):
+            fn.counts.clear()  # a label is not a checkpoint's content: not counted in its meta
+        return out
 
     def _set_label(self, ident: str, label: str | None) -> None:
         """A label names one checkpoint of the session: set on another, it moves there (as a
