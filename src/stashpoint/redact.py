@@ -104,10 +104,14 @@ _ASSIGN = re.compile(
     r"(?:\"(?P<dq>[^\"\n]*)\"|'(?P<sq>[^'\n]*)'"
     r"|(?P<v>[^\s\"',;&)}\]<>\[{(`%$][^\s\"',;&)}\]<>`]*))"
 )
-_ASSIGN_GATE = re.compile(
-    r"(?i)(?:pass(?:word|wd|phrase)?|pwd|pw|secrets?|token|key|credentials?|authorization|"
-    r"auth|cookie|sessionid)[\"'\]]?[ \t]*(?::=|=>|=|:)"
-)
+_OP = re.compile(r"[=:]")
+_GATE_WORDS = (
+    "pass", "password", "passwd", "passphrase", "pwd", "pw", "secret", "secrets", "token",
+    "key", "credential", "credentials", "authorization", "auth", "cookie", "sessionid",
+)  # fmt: skip
+"""A secret-named key ends with one of these: an ``=`` or ``:`` after none of them is not an
+assignment to look at (one ``endswith`` per operator, instead of a regex over the text)."""
+_TRAILING = " \t\"']"
 _CODE_LIKE = re.compile(r"[A-Za-z_][A-Za-z_.:]*(?:[(\[].*)?")
 """An identifier, a dotted name or a call: code (``token = os.environ[...]``, ``password:
 str``, ``f(api_key=api_key)``), not a value."""
@@ -166,6 +170,8 @@ class Redactor:
         self.keys = keys
         extra_keys = tuple(extra_keys)
         self._keys_rx = _key_rx(extra_keys) if extra_keys else SECRET_KEYS
+        last_words = (re.split(r"[_\-. ]", _normal_key(k))[-1] for k in extra_keys)
+        self._gate_words = _GATE_WORDS + tuple(w for w in last_words if w)
         self._key_cache: dict[str, bool] = {}
         self._dict_key_cache: dict[str, bool] = {}
         self._scanner = Scanner(
@@ -325,9 +331,14 @@ class Redactor:
     def _assignments(self, text: str) -> str:
         """Values assigned to secret-named keys in free text (env dumps, .env and YAML lines,
         headers, JSON log lines, CLI flags), replaced; code stays (see :data:`_CODE_LIKE`)."""
-        if _ASSIGN_GATE.search(text) is None:
+        if "=" not in text and ":" not in text:
             return text
-        return _ASSIGN.sub(self._assignment, text)
+        words = self._gate_words
+        for m in _OP.finditer(text):
+            i = m.start()
+            if text[max(0, i - 24) : i].rstrip(_TRAILING).lower().endswith(words):
+                return _ASSIGN.sub(self._assignment, text)
+        return text
 
     def _assignment(self, m: re.Match[str]) -> str:
         key = m.group("key")

@@ -31,6 +31,7 @@ the first string actually scanned, never at CLI start-up.
 
 from __future__ import annotations
 
+import bisect
 import importlib
 import pkgutil
 import re
@@ -144,24 +145,107 @@ def _non_blank_class(items: Any) -> bool:
     return True
 
 
+_MAX_SET = 64
+"""Largest set of alternative literals kept as a trigger (``gh[pousr]_`` is 5)."""
+_ZERO_WIDTH = tuple(getattr(_C, n) for n in ("AT", "ASSERT", "ASSERT_NOT") if hasattr(_C, n))
+
+
+def _product(a: set[str], b: set[str]) -> set[str] | None:
+    if len(a) * len(b) > _MAX_SET:
+        return None
+    return {x + y for x in a for y in b}
+
+
+def _class_chars(items: Any) -> set[str] | None:
+    """The characters of a small class (``[pousr]``, ``[0-9]``, ``\\d``), else None."""
+    out: set[str] = set()
+    for op, av in items:
+        if op is _C.LITERAL:
+            out.add(chr(av))
+        elif op is _C.RANGE and av[1] - av[0] < 16:
+            out.update(chr(c) for c in range(av[0], av[1] + 1))
+        elif op is _C.CATEGORY and av is getattr(_C, "CATEGORY_DIGIT", None):
+            out.update("0123456789")
+        else:
+            return None
+    return out if len(out) <= 16 else None
+
+
+def _finite(sub: Any) -> set[str] | None:
+    """Every string a parsed sequence can match, when they are few; else None."""
+    cur: set[str] | None = {""}
+    for op, av in sub:
+        if cur is None:
+            return None
+        if op is _C.LITERAL:
+            cur = {x + chr(av) for x in cur}
+        elif op is _C.IN:
+            chars = _class_chars(av)
+            cur = _product(cur, chars) if chars is not None else None
+        elif op is _C.SUBPATTERN:
+            inner = _finite(av[3])
+            cur = _product(cur, inner) if inner is not None else None
+        elif op is _C.BRANCH:
+            alts = [_finite(b) for b in av[1]]
+            if any(a is None for a in alts):
+                return None
+            cur = _product(cur, set().union(*(a for a in alts if a is not None)))
+        elif op in _REPEATS and av[0] == 0 and av[1] == 1:
+            inner = _finite(av[2])
+            cur = _product(cur, inner | {""}) if inner is not None else None
+        elif op in _ZERO_WIDTH:
+            continue
+        else:
+            return None
+    return cur
+
+
+def _leading(sub: Any) -> set[str]:
+    """Literals one of which every match of a parsed sequence starts with ({""}: none); at
+    most 16 of them (a longer product stops growing: ``xoxa-``, not ``xoxa-0``...)."""
+    cur: set[str] = {""}
+    for op, av in sub:
+        if op in _ZERO_WIDTH:
+            continue
+        item = _finite([(op, av)])
+        if item is None:
+            if op in _REPEATS and av[0] >= 1:
+                nxt = _product(cur, _leading(av[2]))
+                return nxt if nxt is not None and len(nxt) <= 16 else cur
+            if op is _C.SUBPATTERN:
+                nxt = _product(cur, _leading(av[3]))
+                return nxt if nxt is not None and len(nxt) <= 16 else cur
+            if op is _C.BRANCH:
+                alts = [_leading(b) for b in av[1]]
+                if all("" not in a for a in alts):
+                    nxt = _product(cur, set().union(*alts))
+                    return nxt if nxt is not None and len(nxt) <= 16 else cur
+            return cur
+        nxt = _product(cur, item)
+        if nxt is None or len(nxt) > 16:
+            return cur
+        cur = nxt
+    return cur
+
+
 def _requirements(sub: Any, fold: bool) -> tuple[set[str] | None, int]:
     """(literals of which one must occur, longest run of non-blank characters that must
-    occur) for a parsed sequence; the literals are lower-cased where matching folds case."""
+    occur) for a parsed sequence; the literals are lower-cased where matching folds case.
+
+    Literals are followed through small alternatives (``gh[pousr]_``, ``xox(?:a|b)-``) so a
+    trigger is as long, hence as rare in ordinary text, as the pattern allows."""
     options: list[set[str]] = []
     run = 0
-    literal = ""
-
-    def flush() -> None:
-        nonlocal literal
-        if literal:
-            options.append({literal.lower() if fold else literal})
-        literal = ""
-
-    for op, av in sub:
-        if op is _C.LITERAL:
-            literal += chr(av)
-            continue
-        flush()
+    for i, (op, av) in enumerate(sub):
+        lead = _leading(sub[i:])
+        if "" not in lead:
+            options.append(lead)
+        if op in _REPEATS and av[0] >= 1 and i + 1 < len(sub):
+            last = _finite(av[2])  # the last repetition's character, then what follows
+            after = _leading(sub[i + 1 :])
+            tail = _product(last, after) if last is not None and "" not in after else None
+            if tail is not None and "" not in tail:
+                options.append(tail)
         if op is _C.SUBPATTERN:
             _group, add, delete, inner = av
             lits, r = _requirements(inner, (fold or bool(add & re.I)) and not delete & re.I)
@@ -182,18 +266,29 @@ def _requirements(sub: Any, fold: bool) -> tuple[set[str] | None, int]:
                 run = max(run, r)
                 if len(inner) == 1 and inner[0][0] is _C.IN and _non_blank_class(inner[0][1]):
                     run = max(run, lo)
-    flush()
-    options = [o for o in options if "" not in o]
+    if fold:
+        options = [{o.lower() for o in opt} for opt in options]
+    options = [_minimal(o) for o in options if "" not in o]
     if not options:
         return None, run
-    return max(options, key=lambda o: (min(map(len, o)), -len(o))), run
+    return max(options, key=lambda o: (len(o) <= 16, min(min(map(len, o)), 5), -len(o))), run
+
+
+def _minimal(lits: set[str]) -> set[str]:
+    """``lits`` less those that contain another (``sk_`` occurs wherever ``sk_live_`` does)."""
+    return {t for t in lits if not any(u != t and u in t for u in lits)}
+
+
+_SCOPED_I = re.compile(r"\(\?[a-zA-Z]*i")
 
 
 def compile_rule(
     name: str, regex: re.Pattern[str], confirm: Callable[[str], bool] | None = None
 ) -> Rule:
     """A :class:`Rule` with the requirements of ``regex`` derived from its parse."""
-    fold = bool(regex.flags & re.I)
+    # A scoped (?i:...) folds case too: then every trigger is tested case-folded (weaker,
+    # still a condition every match meets).
+    fold = bool(regex.flags & re.I) or _SCOPED_I.search(regex.pattern) is not None
     try:
         lits, run = _requirements(_P.parse(regex.pattern, regex.flags), fold)
     except Exception:  # a parser we do not know (another Python): run the rule always
@@ -280,8 +375,9 @@ class Scanner:
         self._on_match = on_match or (lambda _name: None)
         self._assignments = assignments
         self._rules: list[Rule] | None = None
-        self._gate: re.Pattern[str] | None = None
-        self._ungated: list[Rule] = []
+        self._runs: list[int] = []
+        self._indexes: list[_Index] = []
+        self._ungated: frozenset[int] = frozenset()
         self._min_len = 0
         for rx in self._extra.values():  # refuse a bad pattern at construction
             re.compile(rx)
@@ -300,49 +396,57 @@ class Scanner:
             rules += [compile_rule(n, re.compile(rx)) for n, rx in CONTEXT_RULES.items()]
             rules += detect_secrets_rules()
         rules += [compile_rule(n, re.compile(rx)) for n, rx in self._extra.items()]
-        gated = [r for r in rules if r.triggers]
-        self._ungated = [r for r in rules if not r.triggers]
-        lits = sorted({t for r in gated for t in r.triggers}, key=len, reverse=True)
-        # (?i) for all: a superset gate; each rule then tests its own triggers exactly.
-        self._gate = re.compile("(?i:" + "|".join(map(re.escape, lits)) + ")") if lits else None
-        widths = [r.regex.pattern for r in rules]
-        self._min_len = min((_min_width(p) for p in widths), default=0)
+        # Each trigger is filed under its rarest character, then under the rarest pair of
+        # characters around it: a text is tested for those few characters (``c in text``, C
+        # speed), then for the pairs filed under the ones it holds, then for the triggers
+        # filed under the pairs it holds. Ordinary prose holds few of them (no "_", "-",
+        # capitals...), so a string costs a few dozen C-speed tests, not one per rule.
+        # One index per run length: a text whose longest run of non-blank characters is L
+        # consults the index of the rules that need no more than L (most need 20+, most
+        # ordinary text has no word that long), so rules it cannot match cost nothing.
+        self._runs = sorted({r.run for r in rules})
+        self._indexes = [
+            _index([(i, r) for i, r in enumerate(rules) if r.run <= n]) for n in self._runs
+        ]
+        self._ungated = frozenset(i for i, r in enumerate(rules) if not r.triggers)
+        self._min_len = min((_min_width(r.regex.pattern) for r in rules), default=0)
         self._rules = rules
 
     def scrub(self, text: str) -> str:
         """``text`` with every secret replaced."""
         rules = self._rules if self._rules is not None else self.rules
-        if len(text) < self._min_len:
-            return self._assignments(text) if self._assignments else text
-        gate = self._gate
-        if (gate is None or gate.search(text) is None) and not self._ungated:
-            return self._assignments(text) if self._assignments else text
-        low: str | None = None
-        longest = -1
-        for rule in rules:
-            if rule.triggers:
-                if rule.fold:
-                    if low is None:
-                        low = text.lower()
-                    hay = low
-                else:
-                    hay = text
-                for t in rule.triggers:  # a plain loop: faster than any() over a generator
-                    if t in hay:
-                        break
-                else:
-                    continue
-            if rule.run:
-                if longest < 0:
-                    longest = max(map(len, text.split()), default=0)
-                if longest < rule.run:
-                    continue
+        if len(text) >= self._min_len:
+            text = self._scan(text, rules)
+        return self._assignments(text) if self._assignments else text
+
+    def _scan(self, text: str, rules: list[Rule]) -> str:
+        longest = max(map(len, text.split()), default=0)
+        index = self._indexes[bisect.bisect_right(self._runs, longest) - 1]
+        low = text.lower()
+        cased = low != text  # no capital letter: the buckets of capitals cannot hit
+        active = set(self._ungated)
+        for c, fold, upper, pairs in index:
+            if upper and not cased:
+                continue
+            hay = low if fold else text
+            if c in hay:
+                for pair, triggers in pairs:
+                    if pair in hay:
+                        for t, i in triggers:
+                            if t in hay:
+                                active.add(i)
+        if not active:
+            return text
+        for i in sorted(active):
+            rule = rules[i]
+            if rule.run > longest:  # (an ungated rule; or the text changed and shrank)
+                continue
             if rule.regex.search(text) is None:
                 continue
             new = rule.regex.sub(self._replacer(rule), text)
             if new != text:
-                text, low, longest = new, None, -1
-        return self._assignments(text) if self._assignments else text
+                text = new
+        return text
 
     def _replacer(self, rule: Rule) -> Callable[[re.Match[str]], str]:
         marker = f"[REDACTED:{rule.name}]"
@@ -387,6 +491,39 @@ def _secret_span(m: re.Match[str], named: list[str]) -> tuple[int, int]:
     while e > s and text[e - 1] in _DELIMS:
         e -= 1
     return s, e
+
+
+_COMMON = " etaoinsrhldcumfpgwybvkxjqz0123456789\n:,.()'\"=-_/"
+"""Characters by how common they are in agent text, most common first (lower-case letters by
+English frequency); anything else (capitals, rarer punctuation) ranks as rarest."""
+
+
+def _rarity(c: str) -> int:
+    i = _COMMON.find(c)
+    return -1 if i < 0 else len(_COMMON) - i
+
+
+_Index = list[tuple[str, bool, bool, list[tuple[str, list[tuple[str, int]]]]]]
+
+
+def _index(rules: list[tuple[int, Rule]]) -> _Index:
+    """(character, folded, is a capital, [(pair, [(trigger, rule number)])]) of ``rules``:
+    each trigger filed under its rarest character, then under the rarest pair holding it."""
+    index: dict[tuple[str, bool], dict[str, list[tuple[str, int]]]] = {}
+    for i, rule in rules:
+        for t in rule.triggers:
+            c, pair = _bucket(t)
+            index.setdefault((c, rule.fold), {}).setdefault(pair, []).append((t, i))
+    return [
+        (c, fold, c.isupper(), sorted(pairs.items())) for (c, fold), pairs in sorted(index.items())
+    ]
+
+
+def _bucket(trigger: str) -> tuple[str, str]:
+    """The rarest character of a trigger and the rarest pair of characters holding it."""
+    p = min(range(len(trigger)), key=lambda i: _rarity(trigger[i]))
+    pairs = [trigger[max(p - 1, 0) : p + 1], trigger[p : p + 2]]
+    return trigger[p], min(pairs, key=lambda x: (len(x) < 2, sum(map(_rarity, x))))
 
 
 def _min_width(pattern: str) -> int:
