@@ -8,20 +8,25 @@ anything, and replaces each secret with a marker such as ``[REDACTED:openai]``.
 
 On by default. Why: a false positive costs one string in a checkpoint (the agent re-reads a
 credential from its environment, where it belongs), while a false negative costs a leaked key
-in every copy of the store; the default patterns are anchored on the vendors' fixed prefixes
-(``sk-ant-``, ``AKIA``, ``ghp_``, ``xoxb-``, ``AIza``, ``eyJ…``, PEM armour), so ordinary text
-does not match. Turn it off with ``Session(redact=False)`` or ``[tool.stashpoint] redact =
+in every copy of the store. What finds secrets in text is :mod:`stashpoint.secrets_rules`:
+stashpoint's context rules (a URL's password, ``Authorization`` headers, PEM blocks, providers
+the maintained set lacks), then every value plugin of detect-secrets, then the user's
+patterns; plus assignments to secret-named keys in free text (``PGPASSWORD=...`` in an env
+dump, ``"api_key": "..."`` in a logged JSON line), code excepted (``token =
+os.environ[...]``). Turn it off with ``Session(redact=False)`` or ``[tool.stashpoint] redact =
 false``; add patterns with ``redact={"name": r"regex"}`` or ``[tool.stashpoint]
 redact_patterns = {name = "regex"}`` (a ``(?P<secret>...)`` group limits the replacement to that
-part); pass any callable ``value -> value`` to redact your own way.
+part), key names with ``Redactor(extra_keys=[...])`` or ``redact_keys = ["pin"]``; pass any
+callable ``value -> value`` to redact your own way.
 
-What is walked: str, dict (keys kept), list, tuple, set, frozenset, and the fields of
-dataclasses (``slots=True`` too) and pydantic models, ``extra="allow"`` fields included
-(LangChain messages are pydantic models): a changed one is a copy (``model_copy``), never the
-caller's object mutated. A value under a key named like password / secret / token / api_key
-(``PGPASSWORD``, ``X-Api-Key``, ``clientSecret`` too; see :data:`SECRET_KEYS`) is replaced
-whole, a list or dict as well as a string; in a model's attribute, every string inside it.
-Other values (bytes, numbers, other objects) pass unchanged.
+What is walked: str, dict (a key that is itself a secret is replaced too), list, tuple, set,
+frozenset, and the fields of dataclasses (``slots=True`` too) and pydantic models,
+``extra="allow"`` fields included (LangChain messages are pydantic models): a changed one is a
+copy (``model_copy``), never the caller's object mutated. A value under a key named like
+password / secret / token / api_key (``PGPASSWORD``, ``X-Api-Key``, ``clientSecret``, ``pwd``,
+``ssh_key`` too; see :data:`SECRET_KEYS`) is replaced whole, a list or dict as well as a
+string; in a model's attribute, every string inside it. Other values (bytes, numbers, other
+objects) pass unchanged.
 """
 
 from __future__ import annotations
@@ -337,13 +342,24 @@ class Redactor:
         for m in _OP.finditer(text):
             i = m.start()
             if text[max(0, i - 24) : i].rstrip(_TRAILING).lower().endswith(words):
-                return _ASSIGN.sub(self._assignment, text)
+                return self._assigned(text)
         return text
+
+    def _assigned(self, text: str) -> str:
+        """Each assignment replaced; after one whose key is not secret the search goes on
+        from its operator (``tool: PGPASSWORD=...``: the value of ``tool`` holds another)."""
+        out: list[str] = []
+        pos = done = 0
+        while (m := _ASSIGN.search(text, pos)) is not None:
+            if not self._secret_key(m.group("key").lstrip("-")):
+                pos = m.end("op")
+                continue
+            out += [text[done : m.start()], self._assignment(m)]
+            pos = done = m.end()
+        return "".join([*out, text[done:]]) if out else text
 
     def _assignment(self, m: re.Match[str]) -> str:
         key = m.group("key")
-        if not self._secret_key(key.lstrip("-")):
-            return m.group(0)
         quoted = m.group("v") is None
         value = m.group("dq") if m.group("dq") is not None else m.group("sq")
         if value is None:
@@ -411,4 +427,7 @@ def make_redactor(
         raise UsageError("[tool.stashpoint] redact_patterns must be a table of name = regex")
     if isinstance(redact, Mapping):
         extra = {**extra, **redact}
-    return Redactor(extra)
+    keys = config.get("redact_keys", [])
+    if not isinstance(keys, list) or not all(isinstance(k, str) and k for k in keys):
+        raise UsageError("[tool.stashpoint] redact_keys must be a list of key names")
+    return Redactor(extra, extra_keys=keys)
