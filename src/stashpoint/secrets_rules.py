@@ -32,15 +32,30 @@ the first string actually scanned, never at CLI start-up.
 from __future__ import annotations
 
 import bisect
+import dataclasses
+import functools
+import hashlib
 import importlib
+import importlib.util
+import json
+import os
 import pkgutil
 import re
+import sys
 import warnings
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
-__all__ = ["CONTEXT_RULES", "Rule", "Scanner", "compile_rule", "detect_secrets_rules"]
+__all__ = [
+    "CONTEXT_RULES",
+    "Rule",
+    "Scanner",
+    "compile_rule",
+    "default_rules",
+    "load_rules",
+]
 
 try:  # the regex parser: how requirements are derived from any rule
     from re import _constants as _C  # type: ignore[attr-defined]
@@ -102,18 +117,30 @@ _SKIPPED_PLUGINS = frozenset(
 
 @dataclass(frozen=True)
 class Rule:
-    """One compiled rule and what must hold in a text for it to possibly match."""
+    """One rule and what must hold in a text for it to possibly match."""
 
     name: str
-    regex: re.Pattern[str]
+    pattern: str
+    flags: int
     triggers: tuple[str, ...]
     """One of these must occur in the text (empty: no literal is required)."""
     fold: bool
     """The triggers are lower-cased: test them against the lower-cased text."""
     run: int
     """A run of at least this many non-blank characters must occur."""
-    confirm: Callable[[str], bool] | None = None
-    """A second opinion on a match's text (the detect-secrets plugin's own)."""
+    width: int
+    """The shortest text the pattern can match."""
+    plugin: str | None = None
+    """``module:Class`` of the detect-secrets plugin whose ``analyze_string`` gives a second
+    opinion on a match (the JWT plugin decodes the token); imported on the first match."""
+
+    @property
+    def regex(self) -> re.Pattern[str]:
+        """Compiled on first use: most rules never see a text holding their triggers."""
+        return _compile(self.pattern, self.flags)
+
+
+_compile = functools.lru_cache(maxsize=None)(re.compile)
 
 
 # -- requirements derived from a regex -------------------------------------------------------
@@ -282,20 +309,21 @@ def _minimal(lits: set[str]) -> set[str]:
 _SCOPED_I = re.compile(r"\(\?[a-zA-Z]*i")
 
 
-def compile_rule(
-    name: str, regex: re.Pattern[str], confirm: Callable[[str], bool] | None = None
-) -> Rule:
+def compile_rule(name: str, regex: re.Pattern[str], plugin: str | None = None) -> Rule:
     """A :class:`Rule` with the requirements of ``regex`` derived from its parse."""
     # A scoped (?i:...) folds case too: then every trigger is tested case-folded (weaker,
     # still a condition every match meets).
     fold = bool(regex.flags & re.I) or _SCOPED_I.search(regex.pattern) is not None
     try:
-        lits, run = _requirements(_P.parse(regex.pattern, regex.flags), fold)
+        parsed = _P.parse(regex.pattern, regex.flags)
+        lits, run = _requirements(parsed, fold)
+        width = int(parsed.getwidth()[0])
     except Exception:  # a parser we do not know (another Python): run the rule always
-        lits, run = None, 0
+        lits, run, width = None, 0, 0
     if lits is not None and any(not t.isascii() for t in lits):
         lits = None  # lower() of non-ASCII may not match what IGNORECASE matches
-    return Rule(name, regex, tuple(sorted(lits or ())), fold and bool(lits), run, confirm)
+    triggers = tuple(sorted(lits or ()))
+    return Rule(name, regex.pattern, regex.flags, triggers, fold and bool(lits), run, width, plugin)
 
 
 # -- detect-secrets --------------------------------------------------------------------------
@@ -305,16 +333,78 @@ def _slug(secret_type: str) -> str:
     return re.sub(r"[^a-z0-9]+", "_", secret_type.lower()).strip("_")
 
 
-def detect_secrets_rules() -> list[Rule]:
-    """A rule for each regex of each value plugin detect-secrets ships (imported here)."""
+def load_rules() -> list[Rule]:
+    """The context rules, then a rule for each regex of each value plugin detect-secrets
+    ships.
+
+    Importing detect-secrets costs ~0.2 s (it imports ``requests``) and deriving the rules
+    ~0.1 s, too much for each CLI command that writes a checkpoint: the derived rules are
+    kept in the user's cache directory, keyed by the plugin files' names, sizes and times,
+    so detect-secrets is imported only to build that file, or when one of its rules matches
+    (for the plugin's second opinion)."""
+    spec = importlib.util.find_spec("detect_secrets")
+    if spec is None or not spec.submodule_search_locations:
+        warnings.warn(
+            "detect-secrets is not installed: secrets are redacted with stashpoint's own rules "
+            "only; `pip install detect-secrets` restores the full rule set",
+            stacklevel=2,
+        )
+        return [compile_rule(n, re.compile(rx)) for n, rx in CONTEXT_RULES.items()]
+    plugins_dir = Path(next(iter(spec.submodule_search_locations))) / "plugins"
+    cache = _cache_file(plugins_dir)
+    if cache is not None:
+        try:
+            rows = json.loads(cache.read_text(encoding="utf-8"))
+            return [Rule(**{**row, "triggers": tuple(row["triggers"])}) for row in rows]
+        except (OSError, ValueError, TypeError, KeyError):
+            pass
+    own = [compile_rule(n, re.compile(rx)) for n, rx in CONTEXT_RULES.items()]
+    found = _derive_detect_secrets_rules()
+    rules = own + found
+    if cache is not None and found:
+        try:
+            cache.parent.mkdir(parents=True, exist_ok=True)
+            tmp = cache.with_suffix(f".{os.getpid()}.tmp")
+            tmp.write_text(json.dumps([dataclasses.asdict(r) for r in rules]), encoding="utf-8")
+            os.replace(tmp, cache)
+        except OSError:
+            pass  # a read-only home: derived again next time
+    return rules
+
+
+_CACHE_FORMAT = 1
+"""Bumped whenever the derivation changes: an older cache file is not read."""
+
+
+def _cache_file(plugins_dir: Path) -> Path | None:
+    """Where the rules derived from these plugin files are kept (None: no cache dir)."""
+    try:
+        stats = sorted(
+            (p.name, p.stat().st_size, p.stat().st_mtime_ns) for p in plugins_dir.glob("*.py")
+        )
+    except OSError:
+        return None
+    here = Path(__file__).stat()
+    key = hashlib.sha256(
+        repr(
+            (_CACHE_FORMAT, sys.version_info[:2], str(plugins_dir), stats, here.st_mtime_ns)
+        ).encode()
+    ).hexdigest()[:24]
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    if not base or base.startswith("~"):
+        return None
+    return Path(base) / "stashpoint" / f"secret-rules-{key}.json"
+
+
+def _derive_detect_secrets_rules() -> list[Rule]:
     try:
         plugins = importlib.import_module("detect_secrets.plugins")
         base = importlib.import_module("detect_secrets.plugins.base")
-    except ImportError as exc:
+    except Exception as exc:
         warnings.warn(
             f"detect-secrets is not importable ({exc}): secrets are redacted with stashpoint's "
-            "own rules only; `pip install detect-secrets` restores the full rule set",
-            stacklevel=2,
+            "own rules only",
+            stacklevel=3,
         )
         return []
     detector: type = base.RegexBasedDetector
@@ -339,20 +429,31 @@ def detect_secrets_rules() -> list[Rule]:
                 plugin: Any = cls()
             except Exception:
                 continue
-            confirm = _confirmer(plugin)
+            ref = f"{module.__name__}:{cls.__name__}"
             for regex in plugin.denylist:
-                out.append(compile_rule(_slug(plugin.secret_type), regex, confirm))
+                out.append(compile_rule(_slug(plugin.secret_type), regex, ref))
     return out
 
 
-def _confirmer(plugin: Any) -> Callable[[str], bool]:
-    def confirm(text: str) -> bool:
-        try:
-            return any(True for _ in plugin.analyze_string(text))
-        except Exception:
-            return True  # a plugin that fails on a match: redact rather than leak
+@functools.cache
+def _plugin(ref: str) -> Any:
+    module, _, name = ref.partition(":")
+    return getattr(importlib.import_module(module), name)()
 
-    return confirm
+
+def _confirmed(ref: str, text: str) -> bool:
+    """The plugin's own verdict on a match (a plugin that fails: redact rather than leak)."""
+    try:
+        return any(True for _ in _plugin(ref).analyze_string(text))
+    except Exception:
+        return True
+
+
+@functools.lru_cache(maxsize=1)
+def default_rules() -> tuple[Rule, ...]:
+    """The context rules, then detect-secrets' (once per process: every session's redactor
+    shares them)."""
+    return tuple(load_rules())
 
 
 # -- the scanner -----------------------------------------------------------------------------
@@ -393,23 +494,14 @@ class Scanner:
     def _load(self) -> None:
         rules: list[Rule] = []
         if self._defaults:
-            rules += [compile_rule(n, re.compile(rx)) for n, rx in CONTEXT_RULES.items()]
-            rules += detect_secrets_rules()
+            rules += default_rules()
         rules += [compile_rule(n, re.compile(rx)) for n, rx in self._extra.items()]
         # Each trigger is filed under its rarest character, then under the rarest pair of
         # characters around it: a text is tested for those few characters (``c in text``, C
         # speed), then for the pairs filed under the ones it holds, then for the triggers
         # filed under the pairs it holds. Ordinary prose holds few of them (no "_", "-",
         # capitals...), so a string costs a few dozen C-speed tests, not one per rule.
-        # One index per run length: a text whose longest run of non-blank characters is L
-        # consults the index of the rules that need no more than L (most need 20+, most
-        # ordinary text has no word that long), so rules it cannot match cost nothing.
-        self._runs = sorted({r.run for r in rules})
-        self._indexes = [
-            _index([(i, r) for i, r in enumerate(rules) if r.run <= n]) for n in self._runs
-        ]
-        self._ungated = frozenset(i for i, r in enumerate(rules) if not r.triggers)
-        self._min_len = min((_min_width(r.regex.pattern) for r in rules), default=0)
+        self._runs, self._indexes, self._ungated, self._min_len = _plan(tuple(rules))
         self._rules = rules
 
     def scrub(self, text: str) -> str:
@@ -458,7 +550,7 @@ class Scanner:
             if whole.startswith("[REDACTED:"):
                 return whole
             s, e = _secret_span(m, named)
-            if rule.confirm is not None and not rule.confirm(whole):
+            if rule.plugin is not None and not _confirmed(rule.plugin, whole):
                 return whole
             part = whole[s - m.start() : e - m.start()]
             if not part or part.startswith("[REDACTED:"):
@@ -506,6 +598,20 @@ def _rarity(c: str) -> int:
 _Index = list[tuple[str, bool, bool, list[tuple[str, list[tuple[str, int]]]]]]
 
 
+@functools.lru_cache(maxsize=16)
+def _plan(rules: tuple[Rule, ...]) -> tuple[list[int], list[_Index], frozenset[int], int]:
+    """(run lengths, an index per run length, rules without trigger, shortest match) of a
+    rule list; cached: every session's redactor with the same rules shares it.
+
+    One index per run length: a text whose longest run of non-blank characters is L consults
+    the index of the rules that need no more than L (most need 20+; most ordinary text has no
+    word that long), so the rules it cannot match cost nothing."""
+    runs = sorted({r.run for r in rules})
+    indexes = [_index([(i, r) for i, r in enumerate(rules) if r.run <= n]) for n in runs]
+    ungated = frozenset(i for i, r in enumerate(rules) if not r.triggers)
+    return runs, indexes, ungated, min((r.width for r in rules), default=0)
+
+
 def _index(rules: list[tuple[int, Rule]]) -> _Index:
     """(character, folded, is a capital, [(pair, [(trigger, rule number)])]) of ``rules``:
     each trigger filed under its rarest character, then under the rarest pair holding it."""
@@ -524,14 +630,6 @@ def _bucket(trigger: str) -> tuple[str, str]:
     p = min(range(len(trigger)), key=lambda i: _rarity(trigger[i]))
     pairs = [trigger[max(p - 1, 0) : p + 1], trigger[p : p + 2]]
     return trigger[p], min(pairs, key=lambda x: (len(x) < 2, sum(map(_rarity, x))))
-
-
-def _min_width(pattern: str) -> int:
-    try:
-        lo, _hi = _P.parse(pattern).getwidth()
-        return int(lo)
-    except Exception:
-        return 0
 
 
 def names(rules: Iterable[Rule]) -> list[str]:
