@@ -109,7 +109,6 @@ _ASSIGN = re.compile(
     r"(?:\"(?P<dq>[^\"\n]*)\"|'(?P<sq>[^'\n]*)'"
     r"|(?P<v>[^\s\"',;&)}\]<>\[{(`%$][^\s\"',;&)}\]<>`]*))"
 )
-_OP = re.compile(r"[=:]")
 _GATE_WORDS = (
     "pass", "password", "passwd", "passphrase", "pwd", "pw", "secret", "secrets", "token",
     "key", "credential", "credentials", "authorization", "auth", "cookie", "sessionid",
@@ -336,13 +335,13 @@ class Redactor:
     def _assignments(self, text: str) -> str:
         """Values assigned to secret-named keys in free text (env dumps, .env and YAML lines,
         headers, JSON log lines, CLI flags), replaced; code stays (see :data:`_CODE_LIKE`)."""
-        if "=" not in text and ":" not in text:
-            return text
         words = self._gate_words
-        for m in _OP.finditer(text):
-            i = m.start()
-            if text[max(0, i - 24) : i].rstrip(_TRAILING).lower().endswith(words):
-                return self._assigned(text)
+        for op in "=:":
+            i = text.find(op)
+            while i >= 0:
+                if text[max(0, i - 24) : i].rstrip(_TRAILING).lower().endswith(words):
+                    return self._assigned(text)
+                i = text.find(op, i + 1)
         return text
 
     def _assigned(self, text: str) -> str:
