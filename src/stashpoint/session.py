@@ -1006,11 +1006,14 @@ class Session:
         fn = self.redactor
         if label is None or fn is None:
             return label
-        out = fn.scrub(label) if isinstance(fn, Redactor) else fn(label)
+        if isinstance(fn, Redactor):  # a label is not a checkpoint's content: not counted
+            pending = fn.counts.copy()
+            out = fn.scrub(label)
+            fn.counts = pending
+            return out
+        out = fn(label)
         if not isinstance(out, str):
             raise UsageError("the redactor returned a non-string for the checkpoint label")
-        if isinstance(fn, Redactor):
-            fn.counts.clear()  # a label is not a checkpoint's content: not counted in its meta
         return out
 
     def _set_label(self, ident: str, label: str | None) -> None:
