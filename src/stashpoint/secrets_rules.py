@@ -82,7 +82,7 @@ CONTEXT_RULES: dict[str, str] = {
         r"(?P<secret>(?!\[REDACTED|[$<{%])[^\s\"',;]{4,})"
         r"|(?P<bare>(?!\[REDACTED)[A-Za-z0-9._~+/=\-]{12,}))"
     ),
-    "cookie": r"(?im)^[ \t]*(?:set-)?cookie:[ \t]*(?P<secret>(?!\[REDACTED)[^\r\n]+)",
+    "cookie": r"(?im)^[ \t]*(?:set-)?cookie:[ \t]*(?P<secret>(?!\[REDACTED)\S[^\r\n]*)",
     "curl_user": r"(?:^|\s)(?:-u|--user)\s+[\"']?[^\s:\"']+:(?P<secret>(?!\[REDACTED)[^\s\"']+)",
     "anthropic": r"\bsk-ant-[A-Za-z0-9_\-]{20,}",
     "openai": r"\bsk-(?:proj-|svcacct-|admin-)?[A-Za-z0-9_\-]{20,}",
