@@ -711,6 +711,7 @@ class Session:
             if append_messages is not None:
                 append_messages = [self.redactor(m) for m in append_messages]
             state, message, meta = self._redact(state, message, meta)
+            label = self._redact_label(label)
         if append_messages is not None:
             added = [serde.encode(m) for m in append_messages]  # once, for every attempt
         ws_ref: WorkspaceRef | None = None
@@ -1005,8 +1006,24 @@ class Session:
     def label(self, ref: str, label: str | None) -> Checkpoint:
         cp = self.get(ref)
         self.check_may_write()
-        self._set_label(cp.id, label)
+        self._set_label(cp.id, self._redact_label(label))
         return cp
+
+    def _redact_label(self, label: str | None) -> str | None:
+        """A label is stored as given, in the record and the label index: scrubbed like a
+        message (a label holding a secret is renamed ``[REDACTED:<kind>]``)."""
+        fn = self.redactor
+        if label is None or fn is None:
+            return label
+        if isinstance(fn, Redactor):  # a label is not a checkpoint's content: not counted
+            pending = fn.counts.copy()
+            out = fn.scrub(label)
+            fn.counts = pending
+            return out
+        out = fn(label)
+        if not isinstance(out, str):
+            raise UsageError("the redactor returned a non-string for the checkpoint label")
+        return out
 
     def _set_label(self, ident: str, label: str | None) -> None:
         """A label names one checkpoint of the session: set on another, it moves there (as a
