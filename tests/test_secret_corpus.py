@@ -1,7 +1,7 @@
 """Redaction measured on a corpus: recall on secrets of many providers, false positives on
 ordinary agent text, and the secrets' absence from the store's bytes end to end.
 
-``tests/data/secrets/samples.jsonl`` holds fake but well-formed secrets (``generate.py`` there
+``tests/data/secrets/generate.py`` makes fake but well-formed secrets (``generate.py`` there
 makes them) each in the context an agent meets it in; ``ordinary*.txt`` holds code, logs,
 diffs, JSON with ``max_tokens`` and ``nextPageToken``, hashes, digests, UUIDs, base64 images
 and URLs without credentials, which must come out unchanged.
@@ -9,7 +9,7 @@ and URLs without credentials, which must come out unchanged.
 
 from __future__ import annotations
 
-import json
+import importlib.util
 import sqlite3
 from pathlib import Path
 from typing import Any
@@ -20,15 +20,20 @@ from stashpoint.redact import Redactor
 DATA = Path(__file__).parent / "data" / "secrets"
 
 
+def _generated() -> tuple[list[dict[str, str]], list[str]]:
+    spec = importlib.util.spec_from_file_location("secret_corpus", DATA / "generate.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.corpus()  # type: ignore[no-any-return]
+
+
 def _samples() -> list[dict[str, str]]:
-    return [json.loads(line) for line in (DATA / "samples.jsonl").read_text().splitlines()]
+    return _generated()[0]
 
 
 def _ordinary() -> list[str]:
-    lines: list[str] = []
-    for name in ("ordinary.txt", "ordinary_generated.txt"):
-        lines += (DATA / name).read_text().splitlines()
-    return lines
+    return (DATA / "ordinary.txt").read_text().splitlines() + _generated()[1]
 
 
 def test_recall_on_the_corpus_and_no_false_positive_on_ordinary_text() -> None:

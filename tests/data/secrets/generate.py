@@ -1,10 +1,12 @@
-"""Writes ``samples.jsonl``: fake but well-formed secrets of each provider, each in the context
+"""Makes the secret corpus: fake but well-formed secrets of each provider, each in the context
 an agent meets it in (a log line, a JSON body, an env dump, code, a header, a URL).
 
 Every value is random (seeded: the file is reproducible) in the provider's documented shape:
 its prefix, alphabet and length, so a detector that knows the format finds it and one that
-does not misses it. None of them is a live credential. Run ``python generate.py`` here to
-rewrite the file; ``ordinary.txt`` beside it is text that must come out unchanged.
+does not misses it. None of them is a live credential, and none is committed: the tests call
+:func:`corpus`, so no secret scanner of a code host flags the repository. Run ``python
+generate.py DIR`` to write ``samples.jsonl`` and ``ordinary_generated.txt`` into DIR to read
+them; ``ordinary.txt`` beside this file is hand-written text that must come out unchanged.
 """
 
 from __future__ import annotations
@@ -24,7 +26,8 @@ B64 = ALNUM + "+/"
 B64URL = ALNUM + "-_"
 
 
-def main() -> None:
+def corpus() -> tuple[list[dict[str, str]], list[str]]:
+    """(secret samples, generated ordinary lines), the same on every call."""
     rng = random.Random(20261126)
 
     def r(n: int, alphabet: str = ALNUM) -> str:
@@ -219,12 +222,16 @@ def main() -> None:
             text = ctx.format(s=secret, p=name, n=i)
             assert secret in text
             rows.append({"provider": name, "secret": secret, "text": text})
-    with (HERE / "samples.jsonl").open("w") as f:
+    return rows, ordinary(rng)
+
+
+def main(out: Path) -> None:
+    rows, lines = corpus()
+    with (out / "samples.jsonl").open("w") as f:
         for row in rows:
             f.write(json.dumps(row) + "\n")
-    print(f"{len(rows)} samples, {len(providers)} providers")
-    lines = ordinary(rng)
-    (HERE / "ordinary_generated.txt").write_text("\n".join(lines) + "\n")
+    print(f"{len(rows)} samples, {len({row['provider'] for row in rows})} providers")
+    (out / "ordinary_generated.txt").write_text("\n".join(lines) + "\n")
     print(f"{len(lines)} generated ordinary lines")
 
 
@@ -280,4 +287,6 @@ def ordinary(rng: random.Random) -> list[str]:
 
 
 if __name__ == "__main__":
-    main()
+    import sys
+
+    main(Path(sys.argv[1]))
