@@ -39,7 +39,7 @@ from ..errors import StashpointError, UsageError
 from ..model import TreeEntry
 from .tree import TreeReader, validate_name
 
-__all__ = ["RestoreBlocked", "RestoreStats", "Restorer", "clean_temp_files"]
+__all__ = ["RestoreBlocked", "RestoreImpossible", "RestoreStats", "Restorer", "clean_temp_files"]
 
 _CLOEXEC = getattr(os, "O_CLOEXEC", 0)
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | _CLOEXEC
@@ -124,6 +124,18 @@ class RestoreBlocked(UsageError):
     refuses to overwrite untracked files)."""
 
 
+class RestoreImpossible(RestoreBlocked):
+    """The target filesystem cannot hold a path of the checkpoint (a name or path too long, a
+    name it cannot encode, a file too large for it). Unlike a full disk, running the restore
+    again fails the same way, so it is undone like a blocked one - a fork's new directory is
+    removed - instead of being left for a re-run that can never finish it."""
+
+
+_PERMANENT = frozenset(
+    {errno.ENAMETOOLONG, errno.ELOOP, errno.EILSEQ, errno.EINVAL, errno.EMLINK, errno.EFBIG}
+)
+
+
 @dataclass
 class RestoreStats:
     written: int = 0
@@ -202,6 +214,13 @@ class Restorer:
         except OSError as exc:
             # A write's error names no file (a full disk): the path being restored does.
             where = os.fsdecode(self._at) if self._at else os.fsdecode(exc.filename or b"?")
+            if exc.errno in _PERMANENT:
+                shown = where if len(where) <= 160 else f"{where[:80]}...{where[-60:]}"
+                raise RestoreImpossible(
+                    f"cannot restore {shown} ({len(os.fsencode(where))} bytes): "
+                    f"{exc.strerror or exc}; this filesystem cannot hold it, so the restore "
+                    "was undone"
+                ) from exc
             raise StashpointError(
                 f"restore failed at {where}: {exc.strerror or exc}; "
                 "run the command again to complete it"
