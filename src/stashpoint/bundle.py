@@ -29,6 +29,13 @@ record in a store is verified with its contents (``stashpoint verify``), so a re
 without them would read as damage. Content-addressing keeps this small when history is
 incremental (measured in ``bench/bench_bundle.py``).
 
+Cheap checks come first, because a hostile bundle's cost is in what it declares: reading
+checks every entry's declared size and count against :class:`Limits`, decodes and verifies the
+small entries (manifest, records, logs, trees, chunk lists: bounded by ``max_meta``), then
+checks names, references (an object nothing refers to is refused here) and what each
+checkpoint would restore - all before a blob is decompressed. Blobs are then decompressed and
+hashed 1 MiB at a time, so memory never follows a declared size.
+
 Errors: :class:`IntegrityError` (exit 2) when a digest, a declared size or count, the framing or
 a reference does not match - the file is damaged or forged; :class:`UsageError` (exit 1) when an
 intact bundle asks for something refused: unsafe names or kinds, collisions, duplicate or
@@ -902,6 +909,11 @@ class _Checker:
             self.used.add(chunk)
             self.chunks.add(chunk)
             total += size
+            if total > self.restore_cap:  # stop counting: a list can name 8 M chunks
+                raise _refused(
+                    f"{what} would expand to more than {self.restore_cap} bytes "
+                    f"({self._cap_rule()}): a decompression bomb?"
+                )
         self.list_sizes[digest] = total
         return total
 
