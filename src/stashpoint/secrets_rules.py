@@ -34,14 +34,11 @@ from __future__ import annotations
 import bisect
 import dataclasses
 import functools
-import hashlib
 import importlib
-import importlib.util
+import importlib.metadata
 import json
-import os
 import pkgutil
 import re
-import sys
 import warnings
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
@@ -338,62 +335,47 @@ def load_rules() -> list[Rule]:
     ships.
 
     Importing detect-secrets costs ~0.2 s (it imports ``requests``) and deriving the rules
-    ~0.1 s, too much for each CLI command that writes a checkpoint: the derived rules are
-    kept in the user's cache directory, keyed by the plugin files' names, sizes and times,
-    so detect-secrets is imported only to build that file, or when one of its rules matches
-    (for the plugin's second opinion)."""
-    spec = importlib.util.find_spec("detect_secrets")
-    if spec is None or not spec.submodule_search_locations:
+    ~0.1 s, too much for each CLI command that writes a checkpoint: the rules derived from
+    the detect-secrets release this stashpoint was built against ship in the package
+    (``secret_rules.json``, written by ``tools/secret_rules.py`` and checked by the tests).
+    With another release installed they are derived again in memory, once per process;
+    nothing is written anywhere. detect-secrets itself is imported only when one of its
+    rules matches (for the plugin's second opinion)."""
+    own = [compile_rule(n, re.compile(rx)) for n, rx in CONTEXT_RULES.items()]
+    try:
+        installed = importlib.metadata.version("detect-secrets")
+    except importlib.metadata.PackageNotFoundError:
         warnings.warn(
             "detect-secrets is not installed: secrets are redacted with stashpoint's own rules "
             "only; `pip install detect-secrets` restores the full rule set",
             stacklevel=2,
         )
-        return [compile_rule(n, re.compile(rx)) for n, rx in CONTEXT_RULES.items()]
-    plugins_dir = Path(next(iter(spec.submodule_search_locations))) / "plugins"
-    cache = _cache_file(plugins_dir)
-    if cache is not None:
-        try:
-            rows = json.loads(cache.read_text(encoding="utf-8"))
-            return [Rule(**{**row, "triggers": tuple(row["triggers"])}) for row in rows]
-        except (OSError, ValueError, TypeError, KeyError):
-            pass
-    own = [compile_rule(n, re.compile(rx)) for n, rx in CONTEXT_RULES.items()]
-    found = _derive_detect_secrets_rules()
-    rules = own + found
-    if cache is not None and found:
-        try:
-            cache.parent.mkdir(parents=True, exist_ok=True)
-            tmp = cache.with_suffix(f".{os.getpid()}.tmp")
-            tmp.write_text(json.dumps([dataclasses.asdict(r) for r in rules]), encoding="utf-8")
-            os.replace(tmp, cache)
-        except OSError:
-            pass  # a read-only home: derived again next time
-    return rules
+        return own
+    shipped = shipped_rules()
+    if shipped is not None and shipped[0] == installed:
+        return own + shipped[1]
+    return own + _derive_detect_secrets_rules()
 
 
-_CACHE_FORMAT = 1
-"""Bumped whenever the derivation changes: an older cache file is not read."""
+SHIPPED = Path(__file__).with_name("secret_rules.json")
+"""detect-secrets' rules as derived at build time: ``{"detect_secrets": version, "rules"}``."""
 
 
-def _cache_file(plugins_dir: Path) -> Path | None:
-    """Where the rules derived from these plugin files are kept (None: no cache dir)."""
+def shipped_rules() -> tuple[str, list[Rule]] | None:
+    """(detect-secrets version, its derived rules) from :data:`SHIPPED`, if readable."""
     try:
-        stats = sorted(
-            (p.name, p.stat().st_size, p.stat().st_mtime_ns) for p in plugins_dir.glob("*.py")
-        )
-    except OSError:
+        doc = json.loads(SHIPPED.read_text(encoding="utf-8"))
+        rules = [Rule(**{**row, "triggers": tuple(row["triggers"])}) for row in doc["rules"]]
+        return str(doc["detect_secrets"]), rules
+    except (OSError, ValueError, TypeError, KeyError):
         return None
-    here = Path(__file__).stat()
-    key = hashlib.sha256(
-        repr(
-            (_CACHE_FORMAT, sys.version_info[:2], str(plugins_dir), stats, here.st_mtime_ns)
-        ).encode()
-    ).hexdigest()[:24]
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    if not base or base.startswith("~"):
-        return None
-    return Path(base) / "stashpoint" / f"secret-rules-{key}.json"
+
+
+def derived_rules_document() -> str:
+    """What :data:`SHIPPED` should hold for the installed detect-secrets."""
+    rows = [dataclasses.asdict(r) for r in _derive_detect_secrets_rules()]
+    version = importlib.metadata.version("detect-secrets")
+    return json.dumps({"detect_secrets": version, "rules": rows}, indent=1) + "\n"
 
 
 def _derive_detect_secrets_rules() -> list[Rule]:
