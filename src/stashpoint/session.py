@@ -97,9 +97,32 @@ class _Known:
 
 
 def _written(msgs: Sequence[Any], data: Sequence[bytes]) -> list[Any]:
-    """Copies of ``msgs`` as written (decoded from ``data``, their encodings)."""
-    pairs = zip(msgs, data, strict=True)
-    return [m if type(m) in _IMMUTABLE else serde.decode(d) for m, d in pairs]
+    """Copies of ``msgs`` as written (``data``: their encodings), independent of the objects:
+    new dicts, lists and tuples around the same immutable leaves (so that comparing a message
+    with its copy mostly compares pointers), or the message decoded from its bytes when it
+    holds anything else (a registered dataclass, a pydantic model)."""
+    out = []
+    for m, d in zip(msgs, data, strict=True):
+        try:
+            out.append(plain_copy(m))
+        except TypeError:
+            out.append(serde.decode(d))
+    return out
+
+
+def plain_copy(value: Any) -> Any:
+    """A copy of the dicts, lists and tuples of ``value`` sharing its immutable leaves
+    (strings, numbers, bytes, None); TypeError for anything else inside."""
+    t = type(value)
+    if t is dict:
+        return {k: v if type(v) in _IMMUTABLE else plain_copy(v) for k, v in value.items()}
+    if t is list:
+        return [v if type(v) in _IMMUTABLE else plain_copy(v) for v in value]
+    if t is tuple:
+        return tuple([v if type(v) in _IMMUTABLE else plain_copy(v) for v in value])
+    if t in _IMMUTABLE:
+        return value
+    raise TypeError(t.__name__)
 
 
 def _copied(value: Any) -> Any:
@@ -886,6 +909,7 @@ class Session:
 
     def _known_written(self, msgs: Any, append: LogAppend | None) -> None:
         """After a checkpoint of the conversation ``msgs`` (``append``: what it wrote)."""
+        redacting, self._redacting = self._redacting, None
         if not isinstance(msgs, list):
             self._conv_objs = None
             return
@@ -893,27 +917,28 @@ class Session:
         start = append.start if append is not None else len(msgs)
         data = [d for _chain, d in append.messages] if append is not None else []
         if known is None or len(known.objs) < start:
-            known = _Known([], [])
             if start:  # (the head had no conversation to compare against: nothing kept)
                 self._conv_objs = None
                 return
-        self._conv_objs = _Known(
-            known.objs[:start] + _written(msgs[start:], data), known.data[:start] + data
-        )
-        redacting, self._redacting = self._redacting, None
+            known = _Known([], [])
+        new = _written(msgs[start:], data)
+        if len(known.objs) == start:  # appended: extend the lists (no copy of the prefix)
+            known.objs.extend(new)
+            known.data.extend(data)
+        else:
+            known = _Known(known.objs[:start] + new, known.data[:start] + data)
+        self._conv_objs = known
         if redacting is not None and redacting[2] is msgs:
-            given, k, red = redacting
-            snaps = self._conv_objs.objs
-            old = self._redacted[0]
+            given, k, red = redacting  # given: the messages from k on
+            snaps = known.objs
             # A message the redactor left as it was has the copy just written as its copy.
-            self._redacted = (
-                old[:k]
-                + [
-                    snaps[i] if red[i] is given[i] else _copied(given[i])
-                    for i in range(k, len(given))
-                ],
-                list(snaps),
-            )
+            more = [snaps[i] if red[i] is m else _copied(m) for i, m in enumerate(given, start=k)]
+            old = self._redacted[0]
+            if len(old) == k:
+                old.extend(more)
+            else:
+                old = old[:k] + more
+            self._redacted = (old, snaps)
 
     def _known_appended(self, head: Checkpoint | None, msgs: list[Any], data: list[bytes]) -> None:
         known = self._conv_objs
@@ -923,7 +948,9 @@ class Session:
         if known is None or len(known.objs) != n:
             self._conv_objs = None
             return
-        self._conv_objs = _Known(known.objs + _written(msgs, data), known.data + data)
+        known.objs.extend(_written(msgs, data))
+        known.data.extend(data)
+        self._conv_objs = known
 
     def _redact(
         self, state: Mapping[str, Any] | None, message: str | None, meta: Mapping[str, Any] | None
@@ -944,7 +971,7 @@ class Session:
                 given, done = self._redacted
                 k = _same_prefix(msgs, given)
                 red = done[:k] + [fn(m) for m in msgs[k:]]
-                self._redacting = (list(msgs), k, red)
+                self._redacting = (msgs[k:], k, red)
                 out[key] = red
             elif msgs is not None:
                 out[key] = msgs  # checkpoint() refuses it with a clear error
