@@ -125,7 +125,7 @@ def plain_copy(value: Any) -> Any:
     raise TypeError(t.__name__)
 
 
-def _copied(value: Any) -> Any:
+def copied(value: Any) -> Any:
     """A deep copy, or (not copyable) a stand-in equal to nothing."""
     try:
         return copy.deepcopy(value)
@@ -133,7 +133,7 @@ def _copied(value: Any) -> Any:
         return object()
 
 
-def _same_prefix(msgs: list[Any], known: list[Any]) -> int:
+def same_prefix(msgs: list[Any], known: list[Any]) -> int:
     """How many leading items of ``msgs`` equal those of ``known``: one comparison in C for
     the usual case (all of them), then item by item from the first difference."""
     n = min(len(known), len(msgs))
@@ -932,7 +932,7 @@ class Session:
             given, k, red = redacting  # given: the messages from k on
             snaps = known.objs
             # A message the redactor left as it was has the copy just written as its copy.
-            more = [snaps[i] if red[i] is m else _copied(m) for i, m in enumerate(given, start=k)]
+            more = [snaps[i] if red[i] is m else copied(m) for i, m in enumerate(given, start=k)]
             old = self._redacted[0]
             if len(old) == k:
                 old.extend(more)
@@ -969,7 +969,7 @@ class Session:
             msgs = state.get(key)
             if isinstance(msgs, list):
                 given, done = self._redacted
-                k = _same_prefix(msgs, given)
+                k = same_prefix(msgs, given)
                 red = done[:k] + [fn(m) for m in msgs[k:]]
                 self._redacting = (msgs[k:], k, red)
                 out[key] = red
@@ -1105,9 +1105,9 @@ class Session:
             known = self._load_conversation(parent)
             self._conv_objs = known
         objs, n = known.objs, min(len(known.objs), len(msgs))
-        i = _same_prefix(msgs, objs)
+        i = same_prefix(msgs, objs)
         while i < n and serde.encode(msgs[i]) == known.data[i]:  # equal after all
-            i += 1 + _same_prefix(msgs[i + 1 : n], objs[i + 1 : n])
+            i += 1 + same_prefix(msgs[i + 1 : n], objs[i + 1 : n])
         return i
 
     def label(self, ref: str, label: str | None) -> Checkpoint:

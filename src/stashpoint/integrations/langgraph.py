@@ -59,13 +59,14 @@ Reads verify every record and chain link they use and every message against its 
 hash, once per saver: the saver keeps the decoded messages of the last conversation logs it
 read (logs are append-only), so after a first read ``list`` and ``get_tuple`` decode only
 messages added since. Tuples share those message objects (and, within one ``list`` call, the
-decoded values common to several checkpoints): treat them as read-only. Like the stashpoint
-engine, the saver treats messages as immutable once checkpointed (LangGraph's reducers replace
-messages rather than edit them): a message is found unchanged by identity, which keeps a
-``put`` flat as the conversation grows. To edit one, return a new message object with its id
-(``AIMessage(id=old.id, content=...)``); one changed in place and returned is not seen, and
-one changed in place also changes what earlier tuples of this saver show. Other channels are
-serialized again whenever their version moves, as in LangGraph's own savers.
+decoded values common to several checkpoints): treat them as read-only. A ``put`` finds the
+messages already stored by content: each message's fields are compared with a copy taken when
+it was stored (one ``list ==`` in C, tens of nanoseconds a message), so a node that changes a
+message in place and returns it (``msg.content = "edited"; return {"messages": [msg]}``) has
+the change stored, as LangGraph's own savers do; only the changed message and those after it
+are serialized again. (A message changed in place also changes what earlier tuples of this
+saver show until it is put.) Other channels are serialized again whenever their version moves,
+as in LangGraph's own savers.
 
 One process should write a thread at a time (LangGraph's own model): records are protected
 by the store's compare-and-set, the pending-writes key by a re-read before each update.
@@ -80,6 +81,7 @@ import base64
 import builtins
 import hashlib
 import json
+import operator
 import os
 import threading
 import warnings
@@ -120,7 +122,14 @@ from ..errors import IntegrityError, SerializationError, UsageError
 from ..integrity import EMPTY_CHAIN
 from ..model import Checkpoint, LogRef, utc_now_iso
 from ..redact import Redactor, make_redactor
-from ..session import RewindResult, Session, StashpointWarning
+from ..session import (
+    RewindResult,
+    Session,
+    StashpointWarning,
+    copied,
+    plain_copy,
+    same_prefix,
+)
 from ..stores.base import MetadataStore
 
 __all__ = ["FILES_BRANCH", "StashpointSaver"]
@@ -312,7 +321,8 @@ class _StateCache:
 
     of: str
     """Record id whose state this is."""
-    conv_objs: builtins.list[Any] | None = None
+    conv_views: builtins.list[Any] | None = None
+    """Copies of the contents of the messages as stored (see :func:`_views`)."""
     conv_items: builtins.list[str] | None = None
     """Messages as stored: base64 text of their packed bytes."""
     values: dict[str, tuple[Any, Any, bytes]] = field(default_factory=dict)
@@ -355,7 +365,7 @@ class _View:
     stored items and decoded objects, each grown on demand. Logs are append-only and messages
     immutable, so the saver keeps views across reads (:class:`_Views`)."""
 
-    __slots__ = ("base", "items", "lock", "objs", "own", "rows")
+    __slots__ = ("base", "items", "lock", "objs", "own", "rows", "views")
 
     def __init__(self, base: str | None, own: int) -> None:
         self.base, self.own = base, own
@@ -363,6 +373,9 @@ class _View:
         self.rows: builtins.list[tuple[bytes, bytes]] = []
         self.items: builtins.list[str] = []
         self.objs: builtins.list[Any] = []
+        self.views: builtins.list[Any] = []
+        """Copies of the decoded messages' contents, made before anyone could change them
+        (see :func:`_views`)."""
 
 
 class _Views:
@@ -473,14 +486,22 @@ class _Reader:
             if v.base is not None and len(v.objs) < v.own:
                 upto = min(v.own, n)
                 base = self._view(v.base, upto)
-                v.objs.extend(self._objs(v.base, base, upto)[len(v.objs) : upto])
+                objs = self._objs(v.base, base, upto)
+                v.views.extend(base.views[len(v.objs) : upto])
+                v.objs.extend(objs[len(v.objs) : upto])
             items = self._items(log, v, n)
-            v.objs.extend(
-                self.saver._loads_many([_untext(i, "message") for i in items[len(v.objs) : n]])
-            )
+            new = self.saver._loads_many([_untext(i, "message") for i in items[len(v.objs) : n]])
+            v.views.extend(map(_snapshot, _views(new)))
+            v.objs.extend(new)
 
     def conv_items(self, conv: LogRef) -> builtins.list[str]:
         return self._items(conv.log, self._checked(conv), conv.length)[: conv.length]
+
+    def conv_views(self, conv: LogRef) -> builtins.list[Any]:
+        """Copies of the contents of a conversation's messages, as stored."""
+        v = self._checked(conv)
+        self._objs(conv.log, v, conv.length)
+        return v.views[: conv.length]
 
     def conv_objects(
         self, conv: LogRef, start: int = 0, stop: int | None = None
@@ -1180,7 +1201,7 @@ class StashpointSaver(BaseCheckpointSaver[int]):
         conv_ch = self.conversation_channel
         state: dict[str, Any] = {}
         new_values: dict[str, tuple[Any, Any, bytes]] = {}
-        conv_objs: builtins.list[Any] | None = None
+        conv_views: builtins.list[Any] | None = None
         conv_items: builtins.list[str] | None = None
         inline: dict[str, str] = {}
         appended_from = 0
@@ -1191,15 +1212,16 @@ class StashpointSaver(BaseCheckpointSaver[int]):
             if ch == conv_ch:
                 if inherit and pe is not None and pe.record.state.conversation is not None:
                     if cache is not None and cache.conv_items is not None:
-                        conv_objs, conv_items = cache.conv_objs, cache.conv_items
+                        conv_views, conv_items = cache.conv_views, cache.conv_items
                     else:
                         conv_items = reader.conv_items(pe.record.state.conversation)
                     appended_from = len(conv_items)
                     state[_CONV_KEY] = conv_items
                     continue
                 if not inherit and type(values.get(ch)) is builtins.list:
-                    conv_objs = values[ch]
-                    conv_items, appended_from = self._encode_conversation(conv_objs, cache)
+                    conv_items, appended_from, conv_views = self._encode_conversation(
+                        values[ch], cache
+                    )
                     state[_CONV_KEY] = conv_items
                     continue
             packed: bytes | None = None
@@ -1263,7 +1285,7 @@ class StashpointSaver(BaseCheckpointSaver[int]):
         th.caches.pop(sealed.branch, None)
         th.caches[sealed.branch] = _StateCache(
             sealed.id,
-            builtins.list(conv_objs) if conv_objs is not None else None,
+            conv_views,
             conv_items,
             new_values,
         )
@@ -1272,21 +1294,28 @@ class StashpointSaver(BaseCheckpointSaver[int]):
 
     def _encode_conversation(
         self, msgs: builtins.list[Any], cache: _StateCache | None
-    ) -> tuple[builtins.list[str], int]:
-        """Packed messages, the parent's reused for the prefix they share (compared by
-        identity first, in C: a put stays flat as the conversation grows)."""
-        old_objs = cache.conv_objs if cache is not None else None
+    ) -> tuple[builtins.list[str], int, builtins.list[Any]]:
+        """Packed messages, the parent's reused for the prefix they share, and copies of the
+        messages' contents to compare the next put's with.
+
+        The prefix is found by content, not identity: a node that changes a message in place
+        and returns it (``msg.content = "edited"; return {"messages": [msg]}``) hands back the
+        very object of the parent's list, and the change must still be stored. What is
+        compared is each message's ``__dict__`` (a LangChain message's fields) with a copy
+        taken when it was stored: one ``list ==`` in C over dicts whose unchanged strings
+        are the same objects, about 30-60 ns a message, where serializing one again costs
+        ~15 us.
+        """
+        old_views = cache.conv_views if cache is not None else None
         old_items = cache.conv_items if cache is not None else None
+        views = _views(msgs)
         n = 0
-        if old_objs is not None and old_items is not None:
-            n = min(len(old_objs), len(msgs))
-            # one slice, not two: the common case is the parent's list with messages appended
-            if (msgs[:n] != old_objs) if n == len(old_objs) else (msgs != old_objs[:n]):
-                n = next(
-                    i for i in range(n) if msgs[i] is not old_objs[i] and msgs[i] != old_objs[i]
-                )
+        if old_views is not None and old_items is not None:
+            n = same_prefix(views, old_views)
         head = old_items[:n] if old_items is not None and n else []
-        return head + [_text(self._dumps(m)) for m in msgs[n:]], n
+        items = head + [_text(self._dumps(m)) for m in msgs[n:]]
+        kept = old_views[:n] if old_views is not None and n else []
+        return items, n, kept + [_snapshot(v) for v in views[n:]]
 
     def _embed(
         self,
@@ -1530,7 +1559,8 @@ class StashpointSaver(BaseCheckpointSaver[int]):
             objs = reader.conv_objects(conv)
             values[details.get("conv", _CONV_KEY)] = objs
             if cache is not None:
-                cache.conv_objs, cache.conv_items = builtins.list(objs), reader.conv_items(conv)
+                cache.conv_views = reader.conv_views(conv)
+                cache.conv_items = reader.conv_items(conv)
         uc = details.get("uc")
         checkpoint: Any = {  # a LangGraph Checkpoint (a TypedDict)
             "v": details.get("v"),
@@ -1596,6 +1626,25 @@ def _fresh(x: Any) -> Any:
 
 
 _NESTED = (dict, builtins.list)
+_FIELDS = operator.attrgetter("__dict__")
+
+
+def _views(msgs: Iterable[Any]) -> builtins.list[Any]:
+    """What messages are compared by: an object's fields (its ``__dict__``: a LangChain
+    message's content, ids, tool calls, metadata), else the message itself (a dict)."""
+    msgs = msgs if isinstance(msgs, builtins.list) else builtins.list(msgs)
+    try:
+        return builtins.list(map(_FIELDS, msgs))  # in C
+    except AttributeError:
+        return [getattr(m, "__dict__", m) for m in msgs]
+
+
+def _snapshot(view: Any) -> Any:
+    """A copy of a message's content, independent of the message (shares immutable leaves)."""
+    try:
+        return plain_copy(view)
+    except TypeError:
+        return copied(view)
 
 
 def _ids(ids: Sequence[str], what: str) -> Sequence[str]:
