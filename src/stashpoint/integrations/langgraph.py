@@ -79,6 +79,8 @@ from __future__ import annotations
 import asyncio
 import base64
 import builtins
+import contextlib
+import contextvars
 import hashlib
 import json
 import operator
@@ -130,7 +132,9 @@ from ..session import (
     plain_copy,
     same_prefix,
 )
-from ..stores.base import MetadataStore
+from ..stores.base import BlobRow, MetadataStore
+from ..workspace import ScanResult, Workspace, check_root
+from ..workspace.statcache import StatCache
 
 __all__ = ["FILES_BRANCH", "StashpointSaver"]
 
@@ -266,6 +270,58 @@ class _When(NamedTuple):
     def racing(self) -> bool:
         """Saved while the next step may already run (LangGraph's default durability)."""
         return self.source in ("input", "loop") and self.durability not in ("sync", "exit")
+
+
+class _Ahead(NamedTuple):
+    """A workspace scan taken at a superstep's end, for the checkpoint of that superstep."""
+
+    result: ScanResult
+    rows: builtins.list[BlobRow]
+    """Blob rows the scan found missing from the store: committed with the checkpoint."""
+    scanned: StatCache | None
+    pending: StatCache | None
+    """The stat cache the scan built: the baseline of later scans once committed."""
+
+
+class _Files(Workspace):
+    """The saver's workspace, one object shared by its root-namespace sessions, whose scan
+    can be taken ahead (:meth:`StashpointSaver.get_next_version`) and handed to the put.
+
+    ``Session.checkpoint`` scans its workspace itself; set :attr:`ahead` and that scan is the
+    one taken ahead. Only while holding the saver's files lock: a scan keeps its stat cache in
+    the workspace until the checkpoint commits (:meth:`Workspace.save_cache`)."""
+
+    ahead: _Ahead | None = None
+
+    def scan(self, *, progress: Any = None) -> tuple[ScanResult, builtins.list[BlobRow]]:
+        got, self.ahead = self.ahead, None
+        if got is None:
+            return super().scan(progress=progress)
+        self._scanned, self._pending_cache = got.scanned, got.pending
+        return got.result, got.rows
+
+    def scan_ahead(self) -> _Ahead:
+        result, rows = super().scan()
+        got = _Ahead(result, rows, self._scanned, self._pending_cache)
+        self._scanned = self._pending_cache = None
+        return got
+
+
+@dataclass
+class _Loop:
+    """A graph run, as its first call (``get_tuple``, in the run's own context) shows it."""
+
+    saver: int
+    root: bool
+    """The root namespace: a subgraph's supersteps need no scan (its checkpoints have no files)."""
+    exit: bool
+    """``durability="exit"``: only the last superstep's scan is ever put."""
+    last: int | None = None
+    """The version of its last scan taken ahead."""
+
+
+_LOOP: contextvars.ContextVar[_Loop] = contextvars.ContextVar("stashpoint_lg_loop")
+_KEEP_AHEAD = 32  # scans taken ahead and not yet put (subgraph steps, interrupts, forks)
 
 
 class _Ref(NamedTuple):
@@ -588,6 +644,10 @@ class StashpointSaver(BaseCheckpointSaver[int]):
         self._lock = threading.RLock()
         self._max_threads = 256
         self._warned = False
+        self._version = 0  # the last version get_next_version handed out
+        self._files_lock = threading.RLock()
+        self._files_ws: _Files | None = None
+        self._ahead: OrderedDict[int, _Ahead] = OrderedDict()
 
     # -- stashpoint views ----------------------------------------------------------------
     def session_name(self, thread_id: str) -> str:
@@ -614,7 +674,7 @@ class StashpointSaver(BaseCheckpointSaver[int]):
             raise UsageError(f"no LangGraph checkpoint for {_describe(config)}")
         if entry.record.workspace is None:
             raise UsageError(f"checkpoint {entry.cpid} has no workspace snapshot")
-        with th.lock:
+        with th.lock, self._files_lock:
             files = Session(
                 self.store,
                 th.session,
@@ -631,6 +691,7 @@ class StashpointSaver(BaseCheckpointSaver[int]):
 
     # -- LangGraph's interface: reading --------------------------------------------------
     def get_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
+        self._note_loop(config)
         th, entry = self._find(config)
         if entry is None:
             return None
@@ -706,16 +767,6 @@ class StashpointSaver(BaseCheckpointSaver[int]):
         parent = conf.get("checkpoint_id") or None
         md = dict(get_serializable_checkpoint_metadata(config, metadata))
         when = _When(str(md.get("source") or ""), conf.get(_DURABILITY))
-        if self.workspace is not None and not ns and when.racing and not self._warned:
-            self._warned = True
-            warnings.warn(
-                "StashpointSaver snapshots its workspace with each checkpoint: run the graph "
-                "with durability='sync' (graph.invoke(..., durability='sync')), else LangGraph "
-                "saves a checkpoint while the next step already runs and its snapshot may "
-                "hold that step's changes",
-                StashpointWarning,
-                stacklevel=2,
-            )
         th = self._thread(thread_id, check=False)
         with th.lock:
             self._put(th, ns, cast(dict[str, Any], checkpoint), md, new_versions, parent, when)
@@ -726,6 +777,87 @@ class StashpointSaver(BaseCheckpointSaver[int]):
                 "checkpoint_id": checkpoint["id"],
             }
         }
+
+    def get_next_version(self, current: int | None, channel: None = None) -> int:
+        """The next channel version; and, with a workspace, the moment a superstep's files
+        are taken.
+
+        **Why here.** A checkpoint's files must be the workspace as its superstep left it.
+        LangGraph creates the checkpoint at the superstep boundary but hands it to ``put`` in
+        a background thread; in its default durability, ``"async"``, the next superstep's
+        nodes already run meanwhile, so a scan in ``put`` may see (and in practice does) the
+        files the next tool writes. LangGraph calls this method once per superstep boundary
+        (``apply_writes``, after every task of the step finished, before the next step's tasks
+        are prepared), synchronously, on the thread that runs the graph, in every durability
+        mode, and the version it returns goes into that superstep's checkpoint: its highest
+        channel version. So the workspace is scanned here and the scan kept under that
+        version; the put of the checkpoint whose highest version it is commits it (blobs
+        included: a scan taken ahead writes nothing). The other hooks do not fit: ``put`` and
+        ``put_writes`` run in background threads, and wrapping the loop's executor would mean
+        patching LangGraph's internals.
+
+        **Versions.** One more than both ``current`` and every version this saver handed out
+        before: still increasing for every channel, as LangGraph requires, and never the same
+        for two boundaries, so the scans of graphs running at once on one saver (two threads,
+        a subgraph inside its parent's step) cannot be taken for each other's.
+
+        **Cost.** One workspace scan per superstep, on the graph's thread, as ``put`` scanned
+        before (``put`` now scans only when no scan was taken for its checkpoint: a fork's, a
+        copy's). A subgraph's steps scan nothing (its checkpoints record no files); with
+        ``durability="exit"`` every superstep is still scanned, so that the checkpoint saved
+        at exit holds the files of its superstep, not those a node interrupted in the next
+        one had already written. While a put commits, a scan waits for it (one lock for the
+        workspace's stat cache).
+        """
+        with self._files_lock:
+            v = max(current if isinstance(current, int) else 0, self._version) + 1
+            self._version = v
+        if self.workspace is not None:
+            loop = _LOOP.get(None)
+            if loop is None or loop.saver != id(self):
+                self._scan_ahead(v, None)
+            elif loop.root:
+                self._scan_ahead(v, loop)
+        return v
+
+    def _note_loop(self, config: RunnableConfig) -> None:
+        """A graph run starts with ``get_tuple`` in its own context: note its namespace."""
+        conf = config.get("configurable") or {}
+        ns = conf.get("checkpoint_ns") or ""
+        _LOOP.set(_Loop(id(self), ns == "", conf.get(_DURABILITY) == "exit"))
+
+    def _files(self) -> _Files:
+        if self._files_ws is None:
+            assert self.workspace is not None
+            store = self.store
+            self._files_ws = _Files(
+                check_root(Path(self.workspace), force=self.force),
+                store.blobs,
+                store_id=store.id,
+                epoch=store.gc_epoch,
+                cache_dir=store.cache_dir,
+                exclude=store.own_paths,
+            )
+        return self._files_ws
+
+    def _scan_ahead(self, version: int, loop: _Loop | None) -> None:
+        with self._files_lock:
+            try:
+                got = self._files().scan_ahead()
+            except Exception:  # the put scans itself, and reports what is wrong
+                return
+            self._ahead[version] = got
+            if loop is not None:
+                if loop.exit and loop.last is not None:  # superseded: never put
+                    self._ahead.pop(loop.last, None)
+                loop.last = version
+            while len(self._ahead) > _KEEP_AHEAD:
+                self._ahead.popitem(last=False)
+
+    def _ahead_for(self, versions: Mapping[str, Any]) -> _Ahead | None:
+        """The scan taken at the end of the superstep whose checkpoint has ``versions``."""
+        top = max((v for v in versions.values() if type(v) is int), default=None)
+        return self._ahead.pop(top, None) if top is not None else None
 
     def put_writes(
         self,
@@ -822,6 +954,7 @@ class StashpointSaver(BaseCheckpointSaver[int]):
 
     # -- async: the same operations in a worker thread -----------------------------------
     async def aget_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
+        self._note_loop(config)  # here: the worker thread runs in a copy of this context
         return await asyncio.to_thread(self.get_tuple, config)
 
     async def alist(
@@ -1157,6 +1290,8 @@ class StashpointSaver(BaseCheckpointSaver[int]):
                 redact=False,  # the saver scrubs values before serializing them (_dumps)
                 bind=self.bind,
             )
+            if files:
+                s.workspace = self._files()  # shared: scans taken ahead, one stat cache
         return s
 
     def _branch_for(
@@ -1384,17 +1519,31 @@ class StashpointSaver(BaseCheckpointSaver[int]):
         # A fork checkpoint (a replay's first) is a copy of its parent, files included; a copy
         # (``when`` None) records no files; every other put snapshots the workspace.
         files = when is not None and when.source != "fork"
-        if fork and when is not None and session.workspace is not None and pe is not None:
-            self._restore_for(th, session, pe, when)
-        expected = session.head.id if session.head is not None else None
-        md = details.get("md") or {}
-        what = f"{md.get('source', 'put')} step {md.get('step')}" + (f" [{ns}]" if ns else "")
-        record_meta: dict[str, Any] = {_META: meta}
-        red = self.redactor
-        if isinstance(red, Redactor) and red.counts:
-            record_meta["stashpoint_redacted"] = dict(sorted(red.counts.items()))
-            red.counts.clear()
-        sealed = session.checkpoint(state, kind="auto", message=what, meta=record_meta, files=files)
+        ws = session.workspace if files and isinstance(session.workspace, _Files) else None
+        with self._files_lock if ws is not None else contextlib.nullcontext():
+            if ws is not None:
+                # the files of this checkpoint's superstep (else the put scans them now); a
+                # restore below takes them as its safety checkpoint's and then scans anew
+                ws.ahead = self._ahead_for(details["cv"])
+            try:
+                if fork and when is not None and session.workspace is not None and pe is not None:
+                    self._restore_for(th, session, pe, when)
+                expected = session.head.id if session.head is not None else None
+                md = details.get("md") or {}
+                what = f"{md.get('source', 'put')} step {md.get('step')}" + (
+                    f" [{ns}]" if ns else ""
+                )
+                record_meta: dict[str, Any] = {_META: meta}
+                red = self.redactor
+                if isinstance(red, Redactor) and red.counts:
+                    record_meta["stashpoint_redacted"] = dict(sorted(red.counts.items()))
+                    red.counts.clear()
+                sealed = session.checkpoint(
+                    state, kind="auto", message=what, meta=record_meta, files=files
+                )
+            finally:
+                if ws is not None:
+                    ws.ahead = None
         th.heads[branch] = sealed.id
         th.restored = None
         if sealed.parent != expected:  # another writer got in between: re-read next time
