@@ -43,17 +43,19 @@ How LangGraph's model maps onto stashpoint's:
   workspace snapshots. Retention (``stashpoint prune``) hides what it prunes the same way.
   ``prune(strategy="keep_latest")`` refuses a thread with a ``DeltaChannel`` (as LangGraph's
   PostgresSaver does): its value is rebuilt from the checkpoints it would hide.
-- **Files.** With ``workspace=``, each root-namespace checkpoint snapshots that directory;
-  run graphs with ``durability="sync"`` (LangGraph's default saves a checkpoint while the next
-  step already runs, so its snapshot could hold that step's changes: the saver warns). A
-  replay's first checkpoint (``source: fork``) is a copy of its parent, files included.
+- **Files.** With ``workspace=``, each root-namespace checkpoint snapshots that directory as
+  its superstep left it, in every durability mode: LangGraph's default (``"async"``) saves a
+  checkpoint while the next step already runs, so the directory is scanned at the superstep's
+  end, on the graph's thread (:meth:`StashpointSaver.get_next_version` says why there), and
+  the put stores that scan. A replay's first checkpoint (``source: fork``) is a copy of its
+  parent, files included.
   :meth:`StashpointSaver.restore_files` puts back the files of any checkpoint, after a safety
   checkpoint of what is there now (branch ``langgraph-files``): call it before a replay,
   ``graph.invoke(None, past_config)``, since LangGraph starts the replay's first node while it
   saves. With ``restore_on_time_travel=True``, the saves that start a new line from a past
-  checkpoint before any node runs (a new input there, ``update_state`` there) first rewind the
-  files to that checkpoint's, on the new branch (undoable like any rewind). Reading never
-  touches files.
+  checkpoint before any node runs (a new input there with ``durability="sync"``,
+  ``update_state`` there) first rewind the files to that checkpoint's, on the new branch
+  (undoable like any rewind). Reading never touches files.
 
 Reads verify every record and chain link they use and every message against its running
 hash, once per saver: the saver keeps the decoded messages of the last conversation logs it
