@@ -11,6 +11,7 @@ saver; the wait is the only addition.
 
 from __future__ import annotations
 
+import asyncio
 import threading
 from pathlib import Path
 from typing import Any, TypedDict
@@ -61,16 +62,22 @@ def _graph(ws: Path, saver: _LatePuts) -> Any:
     return g.compile(checkpointer=saver)
 
 
-@pytest.mark.parametrize("durability", ["sync", "async", "exit"])
+@pytest.mark.parametrize(
+    ("durability", "aio"), [("sync", False), ("async", False), ("exit", False), ("async", True)]
+)
 def test_each_checkpoint_holds_the_files_of_its_own_superstep(
-    tmp_path: Path, durability: str
+    tmp_path: Path, durability: str, aio: bool
 ) -> None:
     ws = tmp_path / "ws"
     ws.mkdir()
     saver = _LatePuts(tmp_path / "store", workspace=ws, late=durability == "async")
     config: Any = {"configurable": {"thread_id": "t"}}
     app = _graph(ws, saver)
-    assert app.invoke({"n": 0}, config, durability=durability) == {"n": STEPS}
+    if aio:  # ainvoke: the saver's async methods, the graph's steps on an event loop
+        got = asyncio.run(app.ainvoke({"n": 0}, config, durability=durability))
+    else:
+        got = app.invoke({"n": 0}, config, durability=durability)
+    assert got == {"n": STEPS}
     reader = TreeReader(saver.store.blobs)
     seen: dict[int, list[str]] = {}
     for tup in saver.list(config):

@@ -316,6 +316,8 @@ class _Loop:
     saver: int
     root: bool
     """The root namespace: a subgraph's supersteps need no scan (its checkpoints have no files)."""
+    sync: bool
+    """``durability="sync"``: each put is done before the next step starts, and scans then."""
     exit: bool
     """``durability="exit"``: only the last superstep's scan is ever put."""
     last: int | None = None
@@ -803,13 +805,17 @@ class StashpointSaver(BaseCheckpointSaver[int]):
         for two boundaries, so the scans of graphs running at once on one saver (two threads,
         a subgraph inside its parent's step) cannot be taken for each other's.
 
-        **Cost.** One workspace scan per superstep, on the graph's thread, as ``put`` scanned
-        before (``put`` now scans only when no scan was taken for its checkpoint: a fork's, a
-        copy's). A subgraph's steps scan nothing (its checkpoints record no files); with
-        ``durability="exit"`` every superstep is still scanned, so that the checkpoint saved
-        at exit holds the files of its superstep, not those a node interrupted in the next
-        one had already written. While a put commits, a scan waits for it (one lock for the
-        workspace's stat cache).
+        **Cost.** One workspace scan per superstep, as ``put`` scanned before (``put`` now
+        scans only when no scan was taken for its checkpoint: a fork's, a copy's), but on the
+        graph's thread: with ``ainvoke``, on the event loop (an incremental scan: a ``stat``
+        of each file, a read of the changed ones). A run with ``durability="sync"`` is not
+        scanned ahead (LangGraph waits for each put before the next step's nodes run, so the
+        put scans, in a worker thread with ``aput``), nor are a subgraph's steps (its
+        checkpoints record no files). With ``durability="exit"`` every superstep is still
+        scanned, so that the checkpoint saved at exit holds the files of its superstep, not
+        those a node interrupted in the next one had already written. While a put commits, a
+        scan waits for it (one lock for the workspace's stat cache). Which run calls is told
+        by :meth:`get_tuple`, which LangGraph calls first in the run's own context.
         """
         with self._files_lock:
             v = max(current if isinstance(current, int) else 0, self._version) + 1
@@ -818,7 +824,7 @@ class StashpointSaver(BaseCheckpointSaver[int]):
             loop = _LOOP.get(None)
             if loop is None or loop.saver != id(self):
                 self._scan_ahead(v, None)
-            elif loop.root:
+            elif loop.root and not loop.sync:
                 self._scan_ahead(v, loop)
         return v
 
@@ -826,7 +832,8 @@ class StashpointSaver(BaseCheckpointSaver[int]):
         """A graph run starts with ``get_tuple`` in its own context: note its namespace."""
         conf = config.get("configurable") or {}
         ns = conf.get("checkpoint_ns") or ""
-        _LOOP.set(_Loop(id(self), ns == "", conf.get(_DURABILITY) == "exit"))
+        how = conf.get(_DURABILITY)
+        _LOOP.set(_Loop(id(self), ns == "", how == "sync", how == "exit"))
 
     def _files(self) -> _Files:
         if self._files_ws is None:
