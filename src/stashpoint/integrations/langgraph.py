@@ -63,12 +63,12 @@ read (logs are append-only), so after a first read ``list`` and ``get_tuple`` de
 messages added since. Tuples share those message objects (and, within one ``list`` call, the
 decoded values common to several checkpoints): treat them as read-only. A ``put`` finds the
 messages already stored by content: each message's fields are compared with a copy taken when
-it was stored (one ``list ==`` in C, tens of nanoseconds a message), so a node that changes a
+it was stored (one ``list ==`` in C, ~0.2 us a message), so a node that changes a
 message in place and returns it (``msg.content = "edited"; return {"messages": [msg]}``) has
 the change stored, as LangGraph's own savers do; only the changed message and those after it
 are serialized again. (A message changed in place also changes what earlier tuples of this
-saver show until it is put.) Other channels are serialized again whenever their version moves,
-as in LangGraph's own savers.
+saver show in this process: they share the object; a new saver reads what was stored.) Other
+channels are serialized again whenever their version moves, as in LangGraph's own savers.
 
 One process should write a thread at a time (LangGraph's own model): records are protected
 by the store's compare-and-set, the pending-writes key by a re-read before each update.
@@ -1447,8 +1447,10 @@ class StashpointSaver(BaseCheckpointSaver[int]):
         very object of the parent's list, and the change must still be stored. What is
         compared is each message's ``__dict__`` (a LangChain message's fields) with a copy
         taken when it was stored: one ``list ==`` in C over dicts whose unchanged strings
-        are the same objects, about 30-60 ns a message, where serializing one again costs
-        ~15 us.
+        are the same objects. That costs ~0.15-0.25 us a message at every put (~0.25 ms at
+        1,000 messages, where the identity test it replaces cost ~3 us), against ~15 us to
+        serialize one message again; no cheaper test sees a change in place (the objects and
+        their dicts stay the same; only their contents tell).
         """
         old_views = cache.conv_views if cache is not None else None
         old_items = cache.conv_items if cache is not None else None
