@@ -17,9 +17,10 @@ from langgraph.graph import END, START, StateGraph
 from typing_extensions import TypedDict
 
 import stashpoint
+from stashpoint import statediff
 from stashpoint.cli import cli
 from stashpoint.integrations.langgraph import StashpointSaver
-from stashpoint.statediff import MAX_JSON_TEXT, conversation_diff, printable, value_text
+from stashpoint.statediff import conversation_diff, value_text
 
 
 class _Note(TypedDict):
@@ -97,7 +98,7 @@ def test_stored_text_is_escaped_in_diff_log_and_stat(tmp_path: Path, sp: Any) ->
     got = CliRunner().invoke(cli, [*args, "--json", "diff", "HEAD~1"])
     data = json.loads(got.output)  # JSON: escaped by JSON
     assert [m["text"] for m in data["conversation"]["added"]] == [EVIL, FORGED]
-    assert printable("\u202eevil\ud83d\u2028") == "\\u202eevil\\ud83d\\u2028"
+    assert statediff.printable("\u202eevil\ud83d\u2028") == "\\u202eevil\\ud83d\\u2028"
 
 
 def test_messages_pair_by_alignment_and_moves_are_reported(store: stashpoint.Store) -> None:
@@ -132,6 +133,7 @@ def test_a_lone_surrogate_is_stored_as_it_is(store: stashpoint.Store) -> None:
 def test_only_changed_messages_are_rendered_and_json_is_cut(
     store: stashpoint.Store, tmp_path: Path
 ) -> None:
+    limit = statediff.MAX_JSON_TEXT
     n = 2000
     a = [{"role": "user", "content": f"m{i}"} for i in range(n)]
     b = [{"role": "user", "content": "EDIT"}, *a[1:]]
@@ -145,17 +147,17 @@ def test_only_changed_messages_are_rendered_and_json_is_cut(
     assert [(e.before.text, e.after.text) for e in d.edited] == [("m0", "EDIT")]
     assert len(seen) == 2  # not the 1999 unchanged ones
     s = store.session("big")
-    s.checkpoint({"doc": "a" * (MAX_JSON_TEXT + 5), "blob": b"\0" * (MAX_JSON_TEXT + 7)})
-    s.checkpoint({"doc": "b" * (MAX_JSON_TEXT + 5), "blob": b"\1" * (MAX_JSON_TEXT + 7)})
+    s.checkpoint({"doc": "a" * (limit + 5), "blob": b"\0" * (limit + 7)})
+    s.checkpoint({"doc": "b" * (limit + 5), "blob": b"\1" * (limit + 7)})
     args = ["--store", str(tmp_path / "store"), "--session", "big", "--json", "diff", "HEAD~1"]
     cut = json.loads(CliRunner().invoke(cli, args).output)
     assert cut["truncated"] is True and "values" not in cut
     doc = cut["state_changes"][1]
-    assert doc["after"] == "b" * MAX_JSON_TEXT + "… (+5 chars)"
+    assert doc["after"] == "b" * limit + "… (+5 chars)"
     assert cut["state_changes"][0]["after"][1] == "… (+7 bytes)"
     whole = json.loads(CliRunner().invoke(cli, [*args, "--full"]).output)
     assert whole["truncated"] is False
-    assert whole["state_changes"][1]["after"] == "b" * (MAX_JSON_TEXT + 5)
+    assert whole["state_changes"][1]["after"] == "b" * (limit + 5)
     assert len(value_text("x" * 10_000_000)) < 400
 
 
