@@ -151,7 +151,8 @@ def test_only_changed_messages_are_rendered_and_json_is_cut(
     s.checkpoint({"doc": "b" * (limit + 5), "blob": b"\1" * (limit + 7)})
     args = ["--store", str(tmp_path / "store"), "--session", "big", "--json", "diff", "HEAD~1"]
     cut = json.loads(CliRunner().invoke(cli, args).output)
-    assert cut["truncated"] is True and "values" not in cut
+    assert cut["truncated"] is True
+    assert cut["values"][1]["new"] == cut["state_changes"][1]["after"]
     doc = cut["state_changes"][1]
     assert doc["after"] == "b" * limit + "… (+5 chars)"
     assert cut["state_changes"][0]["after"][1] == "… (+7 bytes)"

@@ -666,10 +666,11 @@ def _message_json(m: MessageView) -> dict[str, Any]:
 
 
 def to_json(d: CheckpointDiff, *, full: bool = False) -> dict[str, Any]:
-    """A diff as JSON data (``stashpoint diff --json``): values and messages decoded. Each
-    value is written once (``state_changes``). Unless ``full``, a string longer than
-    :data:`MAX_JSON_TEXT` characters or a list longer than :data:`MAX_JSON_ITEMS` is cut,
-    ends with a ``… (+N chars)`` / ``… (+N items)`` marker, and ``truncated`` is true."""
+    """A diff as JSON data (``stashpoint diff --json``): values and messages decoded, each
+    value converted once (``state_changes``, and the older ``values``). Unless ``full``, a
+    string longer than :data:`MAX_JSON_TEXT` characters or a list longer than
+    :data:`MAX_JSON_ITEMS` is cut, ends with a ``… (+N chars)`` / ``… (+N items)`` marker,
+    and ``truncated`` is true."""
     import os
 
     cut = [False]
@@ -711,12 +712,16 @@ def to_json(d: CheckpointDiff, *, full: bool = False) -> dict[str, Any]:
         return {"before": _message_json(e.before), "after": _message_json(e.after)}
 
     conv = d.conversation
+    trees = [(c, value(c.before), value(c.after)) for c in d.state_changes]
     out = {
         "a": d.a.id,
         "b": d.b.id,
+        # the older key, kept for scripts that read it; the values are cut as below
+        "values": [
+            {"key": c.key, "status": c.kind, "old": old, "new": new} for c, old, new in trees
+        ],
         "state_changes": [
-            {"key": c.key, "kind": c.kind, "before": value(c.before), "after": value(c.after)}
-            for c in d.state_changes
+            {"key": c.key, "kind": c.kind, "before": old, "after": new} for c, old, new in trees
         ],
         "conversation": {
             "common_prefix": conv.common_prefix,

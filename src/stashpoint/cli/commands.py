@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -477,11 +478,8 @@ def diff(ctx: Ctx, a: str, b: str, stat: bool, full: bool) -> None:
             click.echo(f"{change.status:>9}  {path}")
             continue
         text = file_diff(session.store.blobs, change, path)
-        # file contents too: each line escaped, its newline and tabs kept
         lines = text.split("\n")[:-1]
-        click.echo(
-            "".join("\t".join(map(printable, t.split("\t"))) + "\n" for t in lines), nl=False
-        )
+        click.echo("".join(_content_line(t) + "\n" for t in lines), nl=False)
 
 
 @cli.command()
@@ -719,6 +717,17 @@ def demo(ctx: Ctx, directory: str | None) -> None:
     from .demo import run_demo
 
     run_demo(Path(directory) if directory else None, json_out=ctx.json)
+
+
+_KEPT_IN_FILES = re.compile("([\t\f\u2028])")
+
+
+def _content_line(line: str) -> str:
+    """A line of a file's diff, escaped like any stored text but for the tabs, form feeds
+    and line separators a text file holds inside its lines (shown as they are, as by
+    ``diff -u``): an escape sequence or carriage return in a file cannot drive the terminal."""
+    parts = _KEPT_IN_FILES.split(line)
+    return "".join(p if n % 2 else printable(p) for n, p in enumerate(parts))
 
 
 def _count(n: int, noun: str = "file") -> str:
