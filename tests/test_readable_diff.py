@@ -128,6 +128,7 @@ def test_cli_shows_decoded_langgraph_state_and_conversation(thread: Any, sp: Any
         "old": ["read", "step 0"],
         "new": ["read", "step 1"],
     }
+    assert data["truncated"] is False
     conv = data["conversation"]
     assert conv["common_prefix"] == 0
     assert [(m["index"], m["role"], m["text"]) for m in conv["added"]] == [

@@ -59,8 +59,13 @@ def register_type(cls: type, name: str | None = None) -> type:
 
 def encode(value: Any) -> bytes:
     """Encode a state value to bytes (UTF-8 JSON)."""
+    tree = to_tree(value)
     try:
-        data = _json_encoder.encode(to_tree(value))
+        data = _json_encoder.encode(tree)
+    except UnicodeEncodeError:
+        # A lone surrogate (what json.loads makes of a "\\ud83d" escape in a tool's output)
+        # has no UTF-8 form: such strings are stored tagged, so they come back as they were.
+        data = _json_encoder.encode(_surrogates_to_tree(tree))
     except (TypeError, OverflowError) as exc:  # pragma: no cover - to_tree catches these first
         raise SerializationError(str(exc)) from exc
     if len(data) > MAX_ENCODED_BYTES:
@@ -118,6 +123,27 @@ def to_tree(value: Any, _depth: int = 0) -> Any:
         "PurePath, and dataclasses / pydantic models / Enums registered with "
         "stashpoint.register_type()"
     )
+
+
+def _surrogates_to_tree(tree: Any) -> Any:
+    """``tree`` with every string that holds a lone surrogate tagged ``str`` (its UTF-8 bytes
+    with surrogates passed through, base64): only walked when plain encoding failed."""
+    t = type(tree)
+    if t is str:
+        try:
+            tree.encode("utf-8")
+        except UnicodeEncodeError:
+            raw = tree.encode("utf-8", "surrogatepass")
+            return {TAG: "str", "v": base64.b64encode(raw).decode("ascii")}
+        return tree
+    if t is list:
+        return [_surrogates_to_tree(x) for x in tree]
+    if t is dict:
+        items = [(_surrogates_to_tree(k), _surrogates_to_tree(v)) for k, v in tree.items()]
+        if all(type(k) is str for k, _ in items):
+            return dict(items)
+        return {TAG: "dict", "v": [[k, v] for k, v in items]}
+    return tree
 
 
 def _dict_to_tree(value: dict[Any, Any], depth: int) -> Any:
@@ -238,4 +264,5 @@ _DECODERS: dict[str, Callable[[Any], Any]] = {
     "uuid": lambda v: uuid.UUID(str(v)),
     "decimal": lambda v: decimal.Decimal(str(v)),
     "path": lambda v: PurePath(str(v)),
+    "str": lambda v: base64.b64decode(str(v), validate=True).decode("utf-8", "surrogatepass"),
 }

@@ -8,15 +8,27 @@ LangGraph's serializer wrote it (base64 in the state), so a raw diff is a wall o
 turns the message shapes of the frameworks stashpoint works with (chat dicts, LangChain
 messages, OpenAI Agents items, Pydantic AI messages) into a role and a text.
 
-Messages are paired the way a reader expects: the common prefix is unchanged; after it, a
-message whose id is in both conversations is the same message (edited when its content
-differs), and messages without ids are paired by position when their roles match.
+Messages are paired the way a reader expects: the common prefix and suffix are unchanged;
+between them, messages stored alike are aligned as a sequence (``difflib``, anchored on
+messages found once on each side), so a message dropped from the front of a window is one
+removal, and one found elsewhere is reported as moved. A message whose id is on both sides is
+the same message (edited when its content differs); others pair by place in a changed block
+when their roles match. Only the messages in changed blocks are decoded and rendered.
+
+Every text rendered here is one line, cut to a limit, with control characters escaped
+(:func:`printable`): stored text comes from tools and models, and must not drive a terminal or
+forge other lines of a diff.
 """
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
+import difflib
+import itertools
 import json
+import re
+import reprlib
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
@@ -33,9 +45,11 @@ __all__ = [
     "CheckpointDiff",
     "ConversationDiff",
     "MessageEdit",
+    "MessageMove",
     "MessageView",
     "ValueChange",
     "jsonable",
+    "printable",
     "render_message",
     "short_text",
     "text_lines",
@@ -46,6 +60,38 @@ ChangeKind = Literal["added", "removed", "changed"]
 
 MAX_TEXT = 300
 """Characters of a value or message shown in text and HTML before it is cut (with a count)."""
+
+MAX_JSON_TEXT = 10_000
+"""Characters of one string in ``--json`` output before it is cut (unless ``--full``)."""
+
+MAX_JSON_ITEMS = 1_000
+"""Items of one list in ``--json`` output before it is cut (unless ``--full``)."""
+
+MAX_CALLS = 5
+"""Tool calls of one message shown in its one-line summary."""
+
+_UNPRINTABLE = re.compile(
+    "[\x00-\x1f\x7f-\x9f\u061c\u200e\u200f\u2028\u2029\u202a-\u202e\u2066-\u2069\ud800-\udfff]"
+)
+_NAMED = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
+
+
+def _escape(match: re.Match[str]) -> str:
+    ch = match.group()
+    named = _NAMED.get(ch)
+    if named is not None:
+        return named
+    code = ord(ch)
+    return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}"
+
+
+def printable(text: str) -> str:
+    """``text`` safe to print as one line: C0 and C1 control characters (escape sequences,
+    newlines, carriage returns), DEL, Unicode line separators and bidirectional overrides
+    and lone surrogates are written as escapes (``\\x1b``, ``\\n``, ``\\u202e``). Stored text
+    comes from models and tools; printed raw it could move the cursor, set the terminal's
+    title or clipboard, hide text, or print lines that look like the diff's own."""
+    return _UNPRINTABLE.sub(_escape, text)
 
 
 @dataclass(frozen=True)
@@ -75,15 +121,26 @@ class MessageView:
     """Tool calls it makes, each ``name(arguments)``."""
 
     def summary(self, limit: int = MAX_TEXT) -> str:
-        """``role: text [→ call(args)]``, cut to ``limit`` characters of text."""
+        """``role: text [→ call(args)]`` as one printable line: the text and each call cut to
+        ``limit`` characters, at most :data:`MAX_CALLS` calls."""
         parts = [short_text(self.text, limit)] if self.text or not self.tool_calls else []
-        parts += [f"→ {short_text(c, limit)}" for c in self.tool_calls]
-        return f"{self.role}: " + " ".join(parts)
+        parts += [f"→ {short_text(c, limit)}" for c in self.tool_calls[:MAX_CALLS]]
+        if len(self.tool_calls) > MAX_CALLS:
+            parts.append(f"(+{len(self.tool_calls) - MAX_CALLS} calls)")
+        return f"{short_text(self.role, 80)}: " + " ".join(parts)
 
 
 @dataclass(frozen=True)
 class MessageEdit:
     """The same message (same id, or same place and role) with other content."""
+
+    before: MessageView
+    after: MessageView
+
+
+@dataclass(frozen=True)
+class MessageMove:
+    """The same message, unchanged, at another place relative to the others."""
 
     before: MessageView
     after: MessageView
@@ -99,10 +156,11 @@ class ConversationDiff:
     edited: list[MessageEdit] = field(default_factory=list)
     before_length: int = 0
     after_length: int = 0
+    moved: list[MessageMove] = field(default_factory=list)
 
     @property
     def changed(self) -> bool:
-        return bool(self.added or self.removed or self.edited)
+        return bool(self.added or self.removed or self.edited or self.moved)
 
 
 @dataclass
@@ -169,11 +227,9 @@ def compare(session: Session, ca: Checkpoint, cb: Checkpoint) -> CheckpointDiff:
         k = 0
         while k < min(len(ma), len(mb)) and ma[k] == mb[k]:
             k += 1
-        tail_a = [decode(m) for m in ma[k:]]
-        tail_b = [decode(m) for m in mb[k:]]
         out.messages_removed = len(ma) - k
-        out.messages_added = tail_b
-        out.conversation = conversation_diff(k, ma[k:], mb[k:], tail_a, tail_b)
+        out.messages_added = [decode(m) for m in mb[k:]] if langgraph else mb[k:]
+        out.conversation = conversation_diff(k, ma[k:], mb[k:], decode=decode)
         out.conversation.before_length, out.conversation.after_length = len(ma), len(mb)
 
     ta = bytes.fromhex(ca.workspace.tree) if ca.workspace else None
@@ -192,40 +248,149 @@ def conversation_diff(
     start: int,
     stored_a: Sequence[Any],
     stored_b: Sequence[Any],
-    msgs_a: Sequence[Any],
-    msgs_b: Sequence[Any],
+    msgs_a: Sequence[Any] | None = None,
+    msgs_b: Sequence[Any] | None = None,
+    *,
+    decode: Callable[[Any], Any] = _same,
 ) -> ConversationDiff:
-    """Pair the messages after a common prefix of ``start``: by id where they have one, else
-    by position among those without. ``stored_*`` compare contents (the stored form, cheap
-    and exact); ``msgs_*`` are the decoded messages shown."""
-    va = [_view(start + i, m) for i, m in enumerate(msgs_a)]
-    vb = [_view(start + i, m) for i, m in enumerate(msgs_b)]
+    """Pair the messages after a common prefix of ``start``. ``stored_*`` compare contents
+    (the stored form, cheap and exact); the messages shown are ``msgs_*`` when given, else
+    ``decode`` of the stored ones, computed only for messages that changed.
+
+    The unchanged suffix is set aside; the rest is aligned on the stored forms: messages
+    found exactly once on each side anchor the alignment (the longest run of them in the
+    same order stays, the others moved), and :class:`difflib.SequenceMatcher` aligns what lies
+    between anchors. Then removed and added messages with the same id are one message
+    (edited, or moved when its content is the same), and in a changed block an id-less
+    removed and added message of the same role are one message edited."""
+    n_a, n_b = len(stored_a), len(stored_b)
+    suffix = 0
+    while suffix < min(n_a, n_b) and stored_a[n_a - 1 - suffix] == stored_b[n_b - 1 - suffix]:
+        suffix += 1
+    ka = [_fingerprint(m) for m in stored_a[: n_a - suffix]]
+    kb = [_fingerprint(m) for m in stored_b[: n_b - suffix]]
+    views: dict[tuple[int, int], MessageView] = {}
+
+    def view(side: int, i: int) -> MessageView:
+        got = views.get((side, i))
+        if got is None:
+            shown = msgs_a if side == 0 else msgs_b
+            stored = stored_a if side == 0 else stored_b
+            got = _view(start + i, shown[i] if shown is not None else decode(stored[i]))
+            views[(side, i)] = got
+        return got
+
     out = ConversationDiff(common_prefix=start)
-    by_id = {v.id: i for i, v in enumerate(vb) if v.id is not None}
-    paired_b: set[int] = set()
-    loose_a: list[int] = []
-    for i, v in enumerate(va):
-        j = by_id.get(v.id) if v.id is not None else None
-        if j is None or j in paired_b:
-            loose_a.append(i)
+    # anchors: fingerprints found once on each side; the longest increasing run stays
+    count_a: dict[Any, int] = {}
+    for key in ka:
+        count_a[key] = count_a.get(key, 0) + 1
+    count_b: dict[Any, int] = {}
+    for key in kb:
+        count_b[key] = count_b.get(key, 0) + 1
+    where_b = {key: j for j, key in enumerate(kb) if count_b[key] == 1}
+    pairs = [(i, where_b[key]) for i, key in enumerate(ka) if count_a[key] == 1 and key in where_b]
+    kept = _increasing_run(pairs)
+    kept_set = set(kept)
+    moved_a = {i for i, j in pairs if (i, j) not in kept_set}
+    moved_b = {j for i, j in pairs if (i, j) not in kept_set}
+    out.moved = [MessageMove(view(0, i), view(1, j)) for i, j in pairs if (i, j) not in kept_set]
+    # between anchors: a sequence alignment of what is left
+    removed: list[int] = []
+    added: list[int] = []
+    blocks: list[tuple[list[int], list[int]]] = []  # replaced: (removed, added)
+    bounds = [(-1, -1), *kept, (len(ka), len(kb))]
+    for (a0, b0), (a1, b1) in itertools.pairwise(bounds):
+        ga = [i for i in range(a0 + 1, a1) if i not in moved_a]
+        gb = [j for j in range(b0 + 1, b1) if j not in moved_b]
+        if not ga or not gb:
+            removed += ga
+            added += gb
             continue
-        paired_b.add(j)
-        if stored_a[i] != stored_b[j]:
-            out.edited.append(MessageEdit(v, vb[j]))
-    loose_b = [j for j in range(len(vb)) if j not in paired_b]
-    # without ids: the n-th loose message of each side are the same one when their roles
-    # match (an edited turn); a message with an id pairs only by its id
-    plain_a = [i for i in loose_a if va[i].id is None]
-    plain_b = [j for j in loose_b if vb[j].id is None]
-    for i, j in zip(plain_a, plain_b, strict=False):
-        if va[i].role == vb[j].role:
-            loose_a.remove(i)
-            loose_b.remove(j)
-            if stored_a[i] != stored_b[j]:
-                out.edited.append(MessageEdit(va[i], vb[j]))
-    out.removed = [va[i] for i in loose_a]
-    out.added = [vb[j] for j in loose_b]
+        if len(ga) * len(gb) > _MAX_ALIGN:  # too big to align: one changed block
+            blocks.append((ga, gb))
+            continue
+        matcher = difflib.SequenceMatcher(
+            None, [ka[i] for i in ga], [kb[j] for j in gb], autojunk=False
+        )
+        for tag, i0, i1, j0, j1 in matcher.get_opcodes():
+            if tag == "equal":
+                continue
+            blocks.append((ga[i0:i1], gb[j0:j1]))
+    # the same id on both sides: one message (edited, or moved when stored alike)
+    loose_a = sorted(removed + [i for ra, _ in blocks for i in ra])
+    loose_b = sorted(added + [j for _, rb in blocks for j in rb])
+    by_id: dict[str, int] = {}
+    for j in loose_b:
+        ident = view(1, j).id
+        if ident is not None:
+            by_id.setdefault(ident, j)
+    paired_a: set[int] = set()
+    paired_b: set[int] = set()
+    for i in loose_a:
+        ident = view(0, i).id
+        match = by_id.get(ident) if ident is not None else None
+        if match is None or match in paired_b:
+            continue
+        paired_a.add(i)
+        paired_b.add(match)
+        if stored_a[i] != stored_b[match]:
+            out.edited.append(MessageEdit(view(0, i), view(1, match)))
+        else:
+            out.moved.append(MessageMove(view(0, i), view(1, match)))
+    # in a changed block, id-less messages of the same role in turn: one message edited
+    for ra, rb in blocks:
+        plain_a = [i for i in ra if i not in paired_a and view(0, i).id is None]
+        plain_b = [j for j in rb if j not in paired_b and view(1, j).id is None]
+        for i, j in zip(plain_a, plain_b, strict=False):
+            if view(0, i).role == view(1, j).role:
+                paired_a.add(i)
+                paired_b.add(j)
+                if stored_a[i] != stored_b[j]:
+                    out.edited.append(MessageEdit(view(0, i), view(1, j)))
+    out.removed = [view(0, i) for i in loose_a if i not in paired_a]
+    out.added = [view(1, j) for j in loose_b if j not in paired_b]
+    out.edited.sort(key=lambda e: e.before.index)
+    out.moved.sort(key=lambda m: m.before.index)
     return out
+
+
+_MAX_ALIGN = 4_000_000
+"""Largest (removed x added) block aligned by :class:`difflib.SequenceMatcher` (quadratic in
+the worst case); a bigger one is shown as one changed block."""
+
+
+def _fingerprint(stored: Any) -> Any:
+    """A hashable stand-in for a stored message: equal messages get equal ones."""
+    if isinstance(stored, str | bytes | int | float | bool | None):
+        return (type(stored).__name__, stored)
+    try:
+        return ("enc", serde.encode(stored))
+    except SerializationError:
+        return ("repr", repr(stored))
+
+
+def _increasing_run(pairs: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    """The longest run of ``pairs`` (sorted by their first item) whose second items rise:
+    the anchors that kept their order (patience sorting, n log n)."""
+    tails: list[int] = []  # second item ending the best run of each length
+    tail_at: list[int] = []  # index in pairs of that end
+    back: list[int] = []
+    for n, (_, j) in enumerate(pairs):
+        k = bisect.bisect_left(tails, j)
+        if k == len(tails):
+            tails.append(j)
+            tail_at.append(n)
+        else:
+            tails[k] = j
+            tail_at[k] = n
+        back.append(tail_at[k - 1] if k else -1)
+    run: list[tuple[int, int]] = []
+    n = tail_at[-1] if tail_at else -1
+    while n >= 0:
+        run.append(pairs[n])
+        n = back[n]
+    return run[::-1]
 
 
 # -- rendering messages ------------------------------------------------------------------------
@@ -387,46 +552,76 @@ def _dumps(value: Any) -> str:
 
 
 def short_text(text: str, limit: int = MAX_TEXT) -> str:
-    """``text`` cut to ``limit`` characters, saying how many more there are."""
+    """``text`` cut to ``limit`` characters, saying how many more there are, as one printable
+    line (:func:`printable`)."""
     if len(text) <= limit:
-        return text
-    return f"{text[:limit]}… (+{len(text) - limit:,} chars)"
+        return printable(text)
+    return f"{printable(text[:limit])}… (+{len(text) - limit:,} chars)"
 
 
 def value_text(value: Any, limit: int = MAX_TEXT) -> str:
     """A value as one line a reader can follow: message lists as messages, other values as
-    their Python repr (models as their fields); cut to ``limit`` characters."""
-    if isinstance(value, list) and value and all(_is_message(m) for m in value):
+    their Python repr (models as their fields); cut to ``limit`` characters. The repr is
+    built cut (:mod:`reprlib`), so a huge value costs no more than a small one."""
+    if isinstance(value, list) and value and all(_is_message(m) for m in value[:5]):
         shown = [_view(i, m).summary(80) for i, m in enumerate(value[:5])]
         more = f" … (+{len(value) - 5} messages)" if len(value) > 5 else ""
         return short_text(f"[{len(value)} messages] " + " | ".join(shown), limit) + more
-    return short_text(repr(_plain(value)), limit)
+    text = _ValueRepr(limit).repr(value)
+    return short_text(text, limit)
 
 
-def _plain(value: Any, depth: int = 0) -> Any:
-    """Models and messages inside ``value`` as their fields, so that its repr reads as data."""
-    if depth > serde.MAX_DEPTH or isinstance(value, str | int | float | bool | None):
-        return value
-    if isinstance(value, Mapping):
-        return {k: _plain(v, depth + 1) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        items = [_plain(v, depth + 1) for v in value]
-        return items if isinstance(value, list) else tuple(items)
-    if _is_message(value):
-        return _view(0, value).summary()
-    tree = _as_mapping(value)
-    return value if tree is None else _plain(dict(tree), depth + 1)
+class _ValueRepr(reprlib.Repr):
+    """A cut repr: long strings and bytes cut before they are repr'd, long containers
+    cut to their first items; models and messages shown as their fields."""
+
+    def __init__(self, limit: int) -> None:
+        super().__init__()
+        self.maxlevel = 8
+        self.maxstring = self.maxother = self.maxlong = limit + 3
+        self.maxdict = self.maxlist = self.maxtuple = 50
+        self.maxset = self.maxfrozenset = self.maxdeque = self.maxarray = 50
+
+    def repr1(self, x: Any, level: int) -> str:
+        if not isinstance(x, str | bytes | int | float | list | tuple | dict | set | frozenset):
+            if _is_message(x):
+                return repr(_view(0, x).summary())
+            tree = _as_mapping(x)
+            if tree is not None:
+                return self.repr1(dict(tree), level)
+        return super().repr1(x, level)
+
+    def repr_str(self, x: str, level: int) -> str:
+        cut = len(x) > self.maxstring
+        return repr(x[: self.maxstring]) + ("…" if cut else "")
+
+    def repr_bytes(self, x: bytes, level: int) -> str:
+        cut = len(x) > self.maxstring
+        return repr(x[: self.maxstring]) + ("…" if cut else "")
 
 
 def _is_message(value: Any) -> bool:
     return render_message(value)[0] != "?"
 
 
-def text_lines(d: CheckpointDiff, limit: int = MAX_TEXT) -> Iterable[tuple[str, str]]:
+def text_lines(
+    d: CheckpointDiff, limit: int = MAX_TEXT, max_items: int | None = None
+) -> Iterable[tuple[str, str]]:
     """The state and conversation part of a diff as ``(style, line)``: style is ``head``,
-    ``add``, ``del`` or ``""``. The CLI colours them; the web UI escapes them."""
+    ``add``, ``del`` or ``""``. The CLI colours them; the web UI escapes them. Each line is
+    one printable line (:func:`printable`) of at most about ``limit`` characters per value;
+    ``max_items`` caps the messages listed per kind of change (None: all), with a line
+    saying how many more there are."""
+
+    def capped(items: Sequence[Any]) -> Sequence[Any]:
+        return items if max_items is None else items[:max_items]
+
+    def more(items: Sequence[Any], what: str) -> Iterable[tuple[str, str]]:
+        if max_items is not None and len(items) > max_items:
+            yield "", f"… {len(items) - max_items:,} more {what}"
+
     for c in d.state_changes:
-        yield "head", f"state {c.key}: {c.kind}"
+        yield "head", f"state {short_text(c.key, limit)}: {c.kind}"
         if c.kind != "added":
             yield "del", f"- {value_text(c.before, limit)}"
         if c.kind != "removed":
@@ -436,20 +631,28 @@ def text_lines(d: CheckpointDiff, limit: int = MAX_TEXT) -> Iterable[tuple[str, 
         yield (
             "head",
             f"conversation: {len(conv.added)} added, {len(conv.removed)} removed, "
-            f"{len(conv.edited)} edited ({conv.before_length} -> {conv.after_length} messages, "
+            f"{len(conv.edited)} edited"
+            + (f", {len(conv.moved)} moved" if conv.moved else "")
+            + f" ({conv.before_length} -> {conv.after_length} messages, "
             f"first {conv.common_prefix} unchanged)",
         )
-        for m in conv.removed:
+        for m in capped(conv.removed):
             yield "del", f"- [{m.index}] {m.summary(limit)}"
-        for e in conv.edited:
+        yield from more(conv.removed, "removed")
+        for e in capped(conv.edited):
             where = f"{e.before.index}" + (
                 f"->{e.after.index}" if e.after.index != e.before.index else ""
             )
             yield "", f"~ [{where}] edited"
             yield "del", f"  - {e.before.summary(limit)}"
             yield "add", f"  + {e.after.summary(limit)}"
-        for m in conv.added:
+        yield from more(conv.edited, "edited")
+        for mv in capped(conv.moved):
+            yield "", f"> [{mv.before.index}->{mv.after.index}] moved: {mv.after.summary(limit)}"
+        yield from more(conv.moved, "moved")
+        for m in capped(conv.added):
             yield "add", f"+ [{m.index}] {m.summary(limit)}"
+        yield from more(conv.added, "added")
 
 
 def _message_json(m: MessageView) -> dict[str, Any]:
@@ -462,36 +665,76 @@ def _message_json(m: MessageView) -> dict[str, Any]:
     }
 
 
-def to_json(d: CheckpointDiff) -> dict[str, Any]:
-    """A diff as JSON data (``stashpoint diff --json``): values and messages decoded, texts
-    whole; the older keys (``values``, ``messages_removed``, ``messages_added``) kept."""
+def to_json(d: CheckpointDiff, *, full: bool = False) -> dict[str, Any]:
+    """A diff as JSON data (``stashpoint diff --json``): values and messages decoded, each
+    value converted once (``state_changes``, and the older ``values``). Unless ``full``, a
+    string longer than :data:`MAX_JSON_TEXT` characters or a list longer than
+    :data:`MAX_JSON_ITEMS` is cut, ends with a ``… (+N chars)`` / ``… (+N items)`` marker,
+    and ``truncated`` is true."""
     import os
 
-    values = [
-        {"key": c.key, "status": c.kind, "old": jsonable(c.before), "new": jsonable(c.after)}
-        for c in d.state_changes
-    ]
+    cut = [False]
+
+    def cap(tree: Any, depth: int = 0) -> Any:
+        if full:
+            return tree
+        if isinstance(tree, str):
+            if len(tree) > MAX_JSON_TEXT:
+                cut[0] = True
+                return f"{tree[:MAX_JSON_TEXT]}… (+{len(tree) - MAX_JSON_TEXT:,} chars)"
+            return tree
+        if isinstance(tree, list):
+            items = [cap(v, depth + 1) for v in tree[:MAX_JSON_ITEMS]]
+            if len(tree) > MAX_JSON_ITEMS:
+                cut[0] = True
+                items.append(f"… (+{len(tree) - MAX_JSON_ITEMS:,} items)")
+            return items
+        if isinstance(tree, dict):
+            return {k: cap(v, depth + 1) for k, v in tree.items()}
+        return tree
+
+    def value(v: Any) -> Any:
+        if not full and isinstance(v, bytes) and len(v) > MAX_JSON_TEXT:
+            # cut before it is encoded (base64 of a 20 MB value), marked like a list
+            cut[0] = True
+            return [jsonable(v[:MAX_JSON_TEXT]), f"… (+{len(v) - MAX_JSON_TEXT:,} bytes)"]
+        return cap(jsonable(v))
+
+    def seq(items: Sequence[Any], make: Callable[[Any], Any]) -> list[Any]:
+        """A list cut before its items are converted (a conversation of 100k messages)."""
+        if full or len(items) <= MAX_JSON_ITEMS:
+            return [cap(make(v)) for v in items]
+        cut[0] = True
+        shown: list[Any] = [cap(make(v)) for v in items[:MAX_JSON_ITEMS]]
+        return [*shown, f"… (+{len(items) - MAX_JSON_ITEMS:,} items)"]
+
+    def pair(e: MessageEdit | MessageMove) -> dict[str, Any]:
+        return {"before": _message_json(e.before), "after": _message_json(e.after)}
+
     conv = d.conversation
-    return {
+    trees = [(c, value(c.before), value(c.after)) for c in d.state_changes]
+    out = {
         "a": d.a.id,
         "b": d.b.id,
-        "values": values,
+        # the older key, kept for scripts that read it; the values are cut as below
+        "values": [
+            {"key": c.key, "status": c.kind, "old": old, "new": new} for c, old, new in trees
+        ],
         "state_changes": [
-            {"key": c.key, "kind": c.kind, "before": v["old"], "after": v["new"]}
-            for c, v in zip(d.state_changes, values, strict=True)
+            {"key": c.key, "kind": c.kind, "before": old, "after": new} for c, old, new in trees
         ],
         "conversation": {
             "common_prefix": conv.common_prefix,
             "before_length": conv.before_length,
             "after_length": conv.after_length,
-            "added": [_message_json(m) for m in conv.added],
-            "removed": [_message_json(m) for m in conv.removed],
-            "edited": [
-                {"before": _message_json(e.before), "after": _message_json(e.after)}
-                for e in conv.edited
-            ],
+            "added": seq(conv.added, _message_json),
+            "removed": seq(conv.removed, _message_json),
+            "edited": seq(conv.edited, pair),
+            "moved": seq(conv.moved, pair),
         },
         "messages_removed": d.messages_removed,
-        "messages_added": jsonable(d.messages_added),
-        "files": [{"path": os.fsdecode(c.path), "status": c.status} for c in d.files],
+        "messages_added": seq(d.messages_added, jsonable),
+        "files": seq(d.files, lambda c: {"path": os.fsdecode(c.path), "status": c.status}),
     }
+    out["truncated"] = cut[0]
+    return out

@@ -191,6 +191,16 @@ def json_option(f: Any) -> Any:
     )(f)
 
 
+def printable(text: str) -> str:
+    """Stored text (messages, values, labels, paths) safe to print on one line: control
+    characters, escape sequences and newlines escaped, so what a tool or model wrote cannot
+    drive the terminal or forge the lines around it. Every CLI print of stored text goes
+    through here; the implementation lives with the diff rendering the web UI shares."""
+    from ..statediff import printable as escape
+
+    return escape(text)
+
+
 def short(ident: str | None) -> str:
     return ident[:12] if ident else "-"
 

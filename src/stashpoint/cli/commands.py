@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import click
 
 from . import cli
-from ._app import EXIT_INTEGRITY, STORE_DIR, Ctx, emit, json_option, short
+from ._app import EXIT_INTEGRITY, STORE_DIR, Ctx, emit, json_option, printable, short
 from ._progress import ByteProgress
 
 if TYPE_CHECKING:
@@ -34,14 +35,14 @@ def _line(cp: Checkpoint, labels: dict[str, str], heads: dict[str, list[str]]) -
         cp.created_at[:19].replace("T", " "),
     ]
     if cp.id in heads:
-        parts.append(click.style(f"({', '.join(heads[cp.id])})", fg="green"))
+        parts.append(click.style(printable(f"({', '.join(heads[cp.id])})"), fg="green"))
     if label:
-        parts.append(click.style(f"[{label}]", fg="cyan"))
+        parts.append(click.style(printable(f"[{label}]"), fg="cyan"))
     if cp.status and cp.status != "running":
         colour = {"completed": "green", "failed": "red"}.get(cp.status, "magenta")
         parts.append(click.style(f"<{cp.status}>", fg=colour))
     if cp.message:
-        parts.append(cp.message)
+        parts.append(printable(cp.message))
     return "  ".join(parts)
 
 
@@ -365,7 +366,7 @@ def show(ctx: Ctx, ref: str, list_files: bool, artifact: str | None, output: str
     keys = ("session", "branch", "parent", "step", "kind", "status", "label", "message")
     for key in (*keys, "created_at"):
         if data.get(key) is not None:
-            click.echo(f"  {key:<14} {data[key]}")
+            click.echo(f"  {key:<14} {printable(str(data[key]))}")
     if cp.journal is not None and not data.get("pruned"):
         from ..durable import tasks_at
 
@@ -375,7 +376,7 @@ def show(ctx: Ctx, ref: str, list_files: bool, artifact: str | None, output: str
         click.echo(f"  {'journal':<14} {cp.journal.length} entries{what}")
     for key in ("approval", "in_doubt", "decision", "edit"):
         if key in cp.meta:
-            click.echo(f"  {key:<14} {cp.meta[key]}"[:300])
+            click.echo(printable(f"  {key:<14} {cp.meta[key]}"[:300]))
     click.echo(f"  {'digest':<14} {cp.digest}")
     dur = data["durability"]
     click.echo(f"  {'durability':<14} {dur['means']} ({dur['backend']})")
@@ -386,13 +387,14 @@ def show(ctx: Ctx, ref: str, list_files: bool, artifact: str | None, output: str
     if manifest:
         click.echo(
             f"  {'workspace':<14} {manifest['files']} files, {_size(manifest['bytes'])} "
-            f"in {manifest['root']}"
+            f"in {printable(str(manifest['root']))}"
         )
         for e in manifest.get("entries", []):
-            click.echo(f"    {e['type']} {e['mode']:>7} {e['size']:>10}  {e['path']}")
+            click.echo(f"    {e['type']} {e['mode']:>7} {e['size']:>10}  {printable(e['path'])}")
     for name, art in cp.artifacts.items():
         click.echo(
-            f"  {'artifact':<14} {name}: {_size(art.size)} in {art.chunks} chunks, from {art.path}"
+            f"  {'artifact':<14} {printable(name)}: {_size(art.size)} in {art.chunks} chunks, "
+            f"from {printable(str(art.path))}"
         )
     state = data["state"]
     if state:
@@ -401,7 +403,7 @@ def show(ctx: Ctx, ref: str, list_files: bool, artifact: str | None, output: str
             text = repr(value)
             if isinstance(value, list):
                 text = f"[{len(value)} items]"
-            click.echo(f"    {key}: {text[:200]}")
+            click.echo(f"    {printable(key[:200])}: {printable(text[:200])}")
 
 
 def _fetch_artifact(
@@ -438,10 +440,17 @@ def _fetch_artifact(
 @click.argument("a")
 @click.argument("b", default="HEAD")
 @click.option("--stat", is_flag=True, help="Only list changed paths.")
+@click.option(
+    "--full",
+    is_flag=True,
+    help="With --json, write long values, texts and lists whole (else cut, marked truncated).",
+)
 @json_option
 @pass_ctx
-def diff(ctx: Ctx, a: str, b: str, stat: bool) -> None:
+def diff(ctx: Ctx, a: str, b: str, stat: bool, full: bool) -> None:
     """Compare two checkpoints: state, conversation and files (unified diff).
+
+    Stored text is printed with control characters and newlines escaped (\\x1b, \\n).
 
     \b
     Example:
@@ -454,21 +463,23 @@ def diff(ctx: Ctx, a: str, b: str, stat: bool) -> None:
     session = ctx.session(files=False)
     d = session.diff(a, b)
     if ctx.json:
-        emit(ctx, to_json(d))
+        emit(ctx, to_json(d, full=full))
         return
     click.echo(f"diff {short(d.a.id)} -> {short(d.b.id)}")
-    for style, line in text_lines(d):
+    for style, line in text_lines(d):  # printable lines
         if style == "head":
             line = click.style(line, bold=True)
         elif style:
             line = click.style(line, fg="green" if style == "add" else "red")
         click.echo(line)
     for change in d.files:
-        path = os.fsdecode(change.path)
+        path = printable(os.fsdecode(change.path))
         if stat:
             click.echo(f"{change.status:>9}  {path}")
             continue
-        click.echo(file_diff(session.store.blobs, change, path), nl=False)
+        text = file_diff(session.store.blobs, change, path)
+        lines = text.split("\n")[:-1]
+        click.echo("".join(_content_line(t) + "\n" for t in lines), nl=False)
 
 
 @cli.command()
@@ -706,6 +717,17 @@ def demo(ctx: Ctx, directory: str | None) -> None:
     from .demo import run_demo
 
     run_demo(Path(directory) if directory else None, json_out=ctx.json)
+
+
+_KEPT_IN_FILES = re.compile("([\t\f\u2028])")
+
+
+def _content_line(line: str) -> str:
+    """A line of a file's diff, escaped like any stored text but for the tabs, form feeds
+    and line separators a text file holds inside its lines (shown as they are, as by
+    ``diff -u``): an escape sequence or carriage return in a file cannot drive the terminal."""
+    parts = _KEPT_IN_FILES.split(line)
+    return "".join(p if n % 2 else printable(p) for n, p in enumerate(parts))
 
 
 def _count(n: int, noun: str = "file") -> str:
