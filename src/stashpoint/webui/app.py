@@ -36,6 +36,7 @@ _STATIC_TYPES = {
     "app.js": "text/javascript; charset=utf-8",
     "app.css": "text/css; charset=utf-8",
     "pygments.css": "text/css; charset=utf-8",
+    "favicon.svg": "image/svg+xml",
 }
 
 
@@ -45,7 +46,7 @@ def static_files() -> dict[str, bytes]:
     from pygments.formatters import HtmlFormatter
 
     base = resources.files("stashpoint.webui") / "static"
-    out = {n: (base / n).read_bytes() for n in ("app.js", "app.css")}
+    out = {n: (base / n).read_bytes() for n in ("app.js", "app.css", "favicon.svg")}
     out["pygments.css"] = HtmlFormatter(style="default").get_style_defs(".src").encode()
     return out
 

@@ -82,6 +82,7 @@ class Frame:
             "<!doctype html><html><head><meta charset='utf-8'>"
             "<meta name='viewport' content='width=device-width, initial-scale=1'>"
             f"<title>{e(title)} · stashpoint</title>"
+            "<link rel='icon' href='/static/favicon.svg'>"
             "<link rel='stylesheet' href='/static/app.css'>"
             "<link rel='stylesheet' href='/static/pygments.css'>"
             "<script src='/static/app.js' defer></script></head><body>"
