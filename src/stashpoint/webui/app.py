@@ -133,7 +133,9 @@ def create_app(
         name = request.path_params["file"]
         if name not in files:
             return error("no such file", 404)
-        return PlainResponse(files[name], media_type=_STATIC_TYPES[name], headers=SECURITY_HEADERS)
+        # cached a few minutes (privately): every page loads them
+        headers = {**SECURITY_HEADERS, "Cache-Control": "private, max-age=300"}
+        return PlainResponse(files[name], media_type=_STATIC_TYPES[name], headers=headers)
 
     def sessions_page(request: Request) -> Response:
         body, status = sessions.sessions_body(store, request.query_params)

@@ -58,6 +58,10 @@ def checkpoint_body(s: Session, cp: Checkpoint, params: Mapping[str, str], frame
         )
     body = "<table class='meta'>" + "".join(f"<tr><th>{k}</th><td>{v}</td></tr>" for k, v in rows)
     body += "</table>"
+    if head == cp.id:  # what the run paused here waits for
+        from .sessions import pending_html
+
+        body += pending_html(s, frame, only=cp.branch)
     body += _actions(s, cp, label, frame)
     try:
         state = s.state(cp)

@@ -40,6 +40,11 @@ def layout(rows: Iterable[tuple[str, str | None]], head: str | None = None) -> l
     ``head`` (the checked-out branch) keeps the first lane: lane 0 waits for it from the top,
     drawn only from where it appears."""
     lanes: list[str | None] = [head] if head is not None else []
+    held = head is not None  # lane 0 is only held for the head: nothing drawn in it yet
+
+    def drawn(i: int, x: str | None) -> bool:
+        return x is not None and not (held and i == 0)
+
     out: list[Cell] = []
     for ident, parent in rows:
         waiting = [i for i, x in enumerate(lanes) if x == ident]
@@ -49,14 +54,17 @@ def layout(rows: Iterable[tuple[str, str | None]], head: str | None = None) -> l
             lane = lanes.index(None) if None in lanes else len(lanes)
             if lane == len(lanes):
                 lanes.append(None)
-        above = tuple(i for i, x in enumerate(lanes) if x is not None and x != ident and x != head)
+        above = tuple(i for i, x in enumerate(lanes) if drawn(i, x) and x != ident)
+        joins = tuple(i for i in waiting if drawn(i, ident))
+        if ident == head:
+            held = False
         for i in waiting:
             lanes[i] = None
         lanes[lane] = parent
         while lanes and lanes[-1] is None:
             lanes.pop()
-        below = tuple(i for i, x in enumerate(lanes) if x is not None and x != head)
-        out.append(Cell(lane, above, tuple(waiting), below))
+        below = tuple(i for i, x in enumerate(lanes) if drawn(i, x))
+        out.append(Cell(lane, above, joins, below))
     return out
 
 

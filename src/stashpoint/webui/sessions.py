@@ -77,11 +77,14 @@ def sessions_body(store: Store, params: Mapping[str, str]) -> tuple[str, int]:
     return table, 200
 
 
-def pending_html(s: Session, frame: Frame) -> str:
-    """Each decision a run of this session waits for, with approve / reject forms."""
+def pending_html(s: Session, frame: Frame, only: str | None = None) -> str:
+    """Each decision a run of this session waits for (on branch ``only``, or any), with
+    approve / reject forms."""
     out = []
     url = s_url(s.name)
     for branch, p in branch_pending(s):
+        if only is not None and branch != only:
+            continue
         target = p.checkpoint or p.id
         reason = "<input name='reason' placeholder='reason (recorded)' size='24'> "
         what = "waits for approval" if p.kind == "approval" else "outcome unknown (process died)"
@@ -89,9 +92,10 @@ def pending_html(s: Session, frame: Frame) -> str:
         out.append(
             f"<div class='pending'><b>{e(p.tool)}</b> on branch <b>{e(branch)}</b> {what}: "
             f"<code>{e(dumps(p.args)[:400])}</code><br>"
-            + frame.form(url + "/approve", fields, "approve", reason)
-            + frame.form(url + "/reject", fields, "reject", reason)
-            + "<span class='muted'> An approved call runs when the program resumes "
+            f"<form class='inline' method='post' action='{e(url)}/approve'>"
+            f"{frame.hidden(fields)}{reason}<button type='submit'>approve</button>"
+            f"<button type='submit' formaction='{e(url)}/reject'>reject</button></form>"
+            "<span class='muted'> An approved call runs when the program resumes "
             f"(<code>stashpoint -s {e(s.name)} resume</code>); its effect outside cannot be "
             "taken back by a rewind.</span></div>"
         )
