@@ -24,7 +24,9 @@ EVIL = "<script>alert(1)</script>"
 
 
 def _client(store: stashpoint.Store, root: Path | None = None) -> TestClient:
-    c = TestClient(create_app(store, token=TOKEN, port=8765, root=root), base_url=BASE, follow_redirects=False)
+    c = TestClient(
+        create_app(store, token=TOKEN, port=8765, root=root), base_url=BASE, follow_redirects=False
+    )
     c.get(f"/?token={TOKEN}")
     return c
 
@@ -205,3 +207,19 @@ def test_every_page_on_server_stores(kind: str, request: pytest.FixtureRequest) 
     assert r.status_code == 303
     assert store.session("srv").state()["n"] == 0
     store.close()
+
+
+def test_the_static_files_are_package_data() -> None:
+    """An installed wheel serves the same script and styles: each file is in package-data."""
+    import fnmatch
+
+    tomllib = pytest.importorskip("tomllib")  # Python 3.11+
+
+    root = Path(__file__).resolve().parent.parent
+    globs = tomllib.loads((root / "pyproject.toml").read_text())["tool"]["setuptools"][
+        "package-data"
+    ]["stashpoint"]
+    static = root / "src" / "stashpoint" / "webui" / "static"
+    for f in static.iterdir():
+        rel = f"webui/static/{f.name}"
+        assert any(fnmatch.fnmatch(rel, g) for g in globs), f"{rel} is not package data"

@@ -219,7 +219,7 @@ def session_body(s: Session, params: Mapping[str, str], frame: Frame) -> tuple[s
     if more:
         nav.append(f"<a href='{e(q(s_url(name), **f.params(), page=page + 1))}'>older</a>")
     what = f"{len(visible)} match" if f.active else f"checkpoints {start + 1}-{start + len(shown)}"
-    body += f"<p class='pager'>{what} · " + " · ".join(nav) + "</p>"
+    body += "<p class='pager'>" + " · ".join([what, *nav]) + "</p>"
     return body, 200
 
 
