@@ -223,3 +223,30 @@ def test_the_static_files_are_package_data() -> None:
     for f in static.iterdir():
         rel = f"webui/static/{f.name}"
         assert any(fnmatch.fnmatch(rel, g) for g in globs), f"{rel} is not package data"
+
+
+def test_a_large_change_is_listed_up_to_a_limit_with_renames(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from stashpoint.webui import compare
+
+    root = tmp_path / "ws"
+    root.mkdir()
+    for i in range(6):
+        (root / f"f{i}.txt").write_text(f"file {i}\n")
+    store = stashpoint.open(tmp_path / "store", durability="exit")
+    s = store.session("big", workspace=root)
+    a = s.checkpoint({"n": 0})
+    (root / "f0.txt").rename(root / "moved.txt")
+    for i in range(1, 6):
+        (root / f"f{i}.txt").write_text(f"file {i} changed\n")
+    b = s.checkpoint({"n": 1})
+    c = _client(store, root)
+    page = c.get(f"/s/big/diff?a={a.id}&b={b.id}").text
+    assert "renamed" in page and "moved.txt</a> ← f0.txt" in page and "f0.txt</a>" not in page
+    assert "6 files changed" in page
+    monkeypatch.setattr(compare, "MAX_FILES_SHOWN", 3)
+    monkeypatch.setattr(compare, "MAX_DIFF_CHARS", 1)
+    cut = c.get(f"/s/big/diff?a={a.id}&b={b.id}").text
+    assert "3 more changed files not listed" in cut and "2 more diffs not shown" in cut
+    store.close()

@@ -10,7 +10,14 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from ..statediff import render_message, short_text
-from .data import effects_in, journal_entries, list_dir, read_file, search_files
+from .data import (
+    effects_in,
+    journal_entries,
+    list_dir,
+    read_file,
+    readable_state,
+    search_files,
+)
 from .render import Frame, cp_url, dumps, e, q, s_url, short
 
 if TYPE_CHECKING:
@@ -64,15 +71,17 @@ def checkpoint_body(s: Session, cp: Checkpoint, params: Mapping[str, str], frame
         body += pending_html(s, frame, only=cp.branch)
     body += _actions(s, cp, label, frame)
     try:
-        state = s.state(cp)
+        messages, state = readable_state(s, cp)
     except PrunedError:
         return body + (
             "<p class='warn'>Pruned by retention: the record stays, its contents were released.</p>"
         )
-    messages = state.pop(s.conversation_key, None)
-    if isinstance(messages, list):
+    if messages is not None:
         body += _section("Conversation", f"{len(messages)} messages", _chat(messages))
     body += _section("State", f"{len(state)} keys", _state_tree(state))
+    notes = {k: v for k, v in cp.meta.items() if k != "langgraph"}
+    if notes:  # who decided or edited what, compensations run, a run's command...
+        body += _section("Record", f"{len(notes)} notes", _state_tree(notes), closed=True)
     if cp.workspace is not None:
         body += _section("Files", f"{cp.workspace.files:,}", _files(s, cp, params))
     if cp.journal is not None:

@@ -24,6 +24,8 @@ __all__ = ["diff_body"]
 MAX_DIFF_CHARS = 400_000
 MAX_VALUE_CHARS = 2_000
 MAX_SPLIT_ROWS = 3_000
+MAX_FILES_SHOWN = 1_000
+"""Changed files listed (and diffed, within MAX_DIFF_CHARS); the rest are counted."""
 
 
 @dataclass(frozen=True)
@@ -111,8 +113,13 @@ def diff_body(s: Session, d: CheckpointDiff, params: Mapping[str, str]) -> str:
             "<th>B</th></tr>" + "".join(rows) + "</table>"
         )
     if items:
-        out.append(_file_tree(items))
-        out.append(_file_diffs(s.store.blobs, items, split))
+        shown = items[:MAX_FILES_SHOWN]
+        out.append(_file_tree(shown))
+        if len(items) > len(shown):
+            out.append(
+                f"<p class='warn'>{len(items) - len(shown)} more changed files not listed.</p>"
+            )
+        out.append(_file_diffs(s.store.blobs, shown, split))
     if not (items or conv.changed or d.state_changes):
         out.append("<p>No differences.</p>")
     return "".join(out)
@@ -176,8 +183,8 @@ def _file_diffs(blobs: Blobs, items: list[Item], split: bool) -> str:
             continue
         assert item.change is not None
         if budget <= 0:
-            out.append(head + " <span class='muted'>(diff not shown: page is full)</span></h4>")
-            continue
+            out.append(f"<p class='warn'>{len(items) - n} more diffs not shown (page full).</p>")
+            break
         text = file_diff(blobs, item.change, item.path)
         budget -= len(text)
         body = _split(text) if split else f"<pre class='diff'>{_colour(text)}</pre>"
