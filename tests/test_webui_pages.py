@@ -102,6 +102,7 @@ def test_the_file_viewer_highlights_pages_and_summarises(tmp_path: Path) -> None
     (root / "src").mkdir(parents=True)
     (root / "src" / "app.py").write_text("def main():\n    return '<b>'\n")
     (root / "blob.bin").write_bytes(b"\x00\x01\x02" * 100)
+    (root / "<b onclick=x>.txt").write_text("a file name with markup\n")
     (root / "long.txt").write_text("".join(f"line {i}\n" for i in range(LINES_PER_PAGE * 2 + 3)))
     store = stashpoint.open(tmp_path / "store", durability="exit")
     cp = store.session("w", workspace=root).checkpoint({"n": 1})
@@ -109,6 +110,7 @@ def test_the_file_viewer_highlights_pages_and_summarises(tmp_path: Path) -> None
     base = f"/s/w/c/{cp.id}"
     top = c.get(base).text
     assert "?dir=src#files" in top and "blob.bin" in top and "app.py" not in top  # one level
+    assert "<b onclick" not in top and "&lt;b onclick=x&gt;.txt" in top
     assert "app.py" in c.get(f"{base}?dir=src").text
     found = c.get(f"{base}?find=APP").text
     assert "path=src%2Fapp.py" in found

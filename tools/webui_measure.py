@@ -91,6 +91,9 @@ def main() -> None:
             page.goto(f"{base}/s/big?label=epoch-7")
             filtered.append((time.perf_counter() - t) * 1000)
         found = page.locator("table.graph tbody tr").count()
+        t = time.perf_counter()
+        page.goto(f"{base}/")
+        home = (time.perf_counter() - t) * 1000
         browser.close()
     server.should_exit = True
     thread.join(10)
@@ -106,6 +109,7 @@ def main() -> None:
         f"a filter (label epoch-7, reads the whole history): {found} row(s), "
         f"median {statistics.median(filtered):.0f} ms"
     )
+    print(f"sessions page (counts up to 1,000 checkpoints a session): {home:.0f} ms")
 
 
 if __name__ == "__main__":
