@@ -175,7 +175,7 @@ def test_a_confirmation_page_changes_nothing_and_lists_effects(tmp_path: Path) -
     c = _client(store, root)
     page = c.get(f"/s/agent/confirm?op=rewind&ref={base.id}&mode=both").text
     assert "Cannot be undone" in page and "boss@example.com" in page and "a.txt" in page
-    assert "rewind now" in page and "1 file(s)" in page
+    assert "rewind now" in page and f"1 file(s) in <code>{root}</code>" in page
     fork = c.get(f"/s/agent/confirm?op=fork&ref={base.id}&into={tmp_path / 'b'}").text
     assert "Nothing here changes" in fork and "they stay done" in fork
     assert [cp.id for cp in store.session("agent").history()] == before

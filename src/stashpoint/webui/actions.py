@@ -54,8 +54,12 @@ def confirm_body(s: Session, params: Mapping[str, str], frame: Frame) -> tuple[s
         head = s.head
         if head is not None and head.id != target.id:
             d = s.diff(head, target)
-            if mode != "state":
-                files = [c for c in d.files if not (c.new and c.new.kind == "d")]
+            if mode != "state" and s.workspace is not None:
+                files = [
+                    c
+                    for c in d.files
+                    if not ((c.new and c.new.kind == "d") or (c.old and c.old.kind == "d"))
+                ]
                 listed = "".join(
                     f"<li>{e(c.status)} <code>{e(os.fsdecode(c.path))}</code></li>"
                     for c in files[:MAX_LISTED]
@@ -63,7 +67,7 @@ def confirm_body(s: Session, params: Mapping[str, str], frame: Frame) -> tuple[s
                 more = (
                     f"<li>… {len(files) - MAX_LISTED} more</li>" if len(files) > MAX_LISTED else ""
                 )
-                root = e(str(s.workspace))
+                root = e(str(s.workspace.root))
                 body += (
                     f"<p>{len(files)} file(s) in <code>{root}</code> will change (ignored files "
                     f"are not touched):</p><ul>{listed}{more}</ul>"
@@ -95,7 +99,7 @@ def confirm_body(s: Session, params: Mapping[str, str], frame: Frame) -> tuple[s
             )
         elif s.workspace is not None and target.workspace is not None:
             body += (
-                f"<p>This workspace <code>{e(str(s.workspace))}</code> switches to the new "
+                f"<p>This workspace <code>{e(str(s.workspace.root))}</code> switches to the new "
                 "branch: its files become the checkpoint's, after a safety checkpoint of what "
                 "is there now (rewind to it to undo).</p>"
             )
