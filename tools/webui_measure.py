@@ -109,7 +109,7 @@ def main() -> None:
         f"a filter (label epoch-7, reads the whole history): {found} row(s), "
         f"median {statistics.median(filtered):.0f} ms"
     )
-    print(f"sessions page (counts up to 1,000 checkpoints a session): {home:.0f} ms")
+    print(f"sessions page (counts up to 100 checkpoints a session): {home:.0f} ms")
 
 
 if __name__ == "__main__":
