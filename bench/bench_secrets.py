@@ -6,6 +6,10 @@
   SQLite (what users see).
 - first snapshot: a fresh ``files``-file workspace (SPEC §4 generator), first checkpoint.
 
+- scrub: the redactor alone on each message of the conversation (~500 B of prose each), in
+  process CPU time (the load of other processes on a shared machine counts less), per message:
+  what redaction adds to each new message of a checkpoint.
+
 Configurations: ``redact=False`` (the floor), redaction on (the default), encryption with
 redaction off, and both. Same process, order rotated per repetition; SQLite at its default
 ``synchronous=FULL``, so the per-step figure includes the commit's fsync, as users see it.
@@ -57,6 +61,22 @@ def _first_snapshot(tmp: Path, ws: Path, cfg: dict[str, Any]) -> float:
         return time.perf_counter() - t0
 
 
+def _scrub_us(steps: int) -> list[float]:
+    """CPU microseconds per message for the redactor alone, one sample per pass."""
+    from stashpoint.redact import Redactor
+
+    texts = [m["content"] for pair in conversation(steps) for m in pair]
+    r = Redactor()
+    r.scrub("warm up: the rules load once per process")
+    out = []
+    for _ in range(7):
+        t0 = time.process_time()
+        for t in texts:
+            r.scrub(t)
+        out.append((time.process_time() - t0) / len(texts) * 1e6)
+    return out
+
+
 def run(config: Config) -> dict[str, Any]:
     files, steps = min(config.files, 2000), min(config.steps, 500)
     base = Path(tempfile.mkdtemp(prefix="sp-bench-secrets-", dir=config.tmp))
@@ -94,6 +114,16 @@ def run(config: Config) -> dict[str, Any]:
                         samples=samples[name],
                     )
                 )
+        scrub = _scrub_us(steps)
+        rows.append(
+            row(
+                "redactor alone, per ~500 B message (CPU)",
+                min(scrub),
+                "us",
+                samples=scrub,
+                note="min of 7 passes over every message of the conversation",
+            )
+        )
         notes = [
             "ratio: each configuration against redact=False; memory:// has no fsync (the CPU "
             "cost alone), SQLite fsyncs every checkpoint (what users see)"
@@ -108,6 +138,5 @@ if __name__ == "__main__":
     cfg = Config.quick() if "--quick" in sys.argv else Config(files=2000, reps=3, steps=500)
     for r in run(cfg)["rows"]:
         ratio = f"{r['ratio']:.2f}x" if r["ratio"] else "-"
-        print(
-            f"{r['figure']:<52} {r['stashpoint']:9.3f} {r['unit']:<3} vs {r['peer']:9.3f}  {ratio}"
-        )
+        peer = f"{r['peer']:9.3f}" if r["peer"] is not None else "        -"
+        print(f"{r['figure']:<52} {r['stashpoint']:9.3f} {r['unit']:<3} vs {peer}  {ratio}")

@@ -708,7 +708,7 @@ def _swapped_chunks(base: Path) -> tuple[list[RawEntry], dict[int, bytes]]:
     ("forge", "match"),
     [
         (_flip_payload, "does not match its digest"),
-        (_wrong_name, "does not match its digest"),
+        (_wrong_name, "is not in the bundle"),  # what it names is missing: checked first
         (_altered_record, "does not match its digest"),
         (_altered_message, "running hash"),
         (_swapped_chunks, "does not match its digest"),

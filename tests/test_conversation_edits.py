@@ -3,13 +3,15 @@ process: the conversation read equals the one written, on SQLite, PostgreSQL and
 
 The edits are the ones agent frameworks make: append a turn, truncate, pop several (the
 OpenAI Agents SDK's ``pop_item`` to undo a turn, LangGraph's ``RemoveMessage``), replace a
-middle message with a new object, and fork an earlier checkpoint and continue there. A
-conversation that shrank twice in a row once failed its third checkpoint with "conversation
-log ... has missing messages".
+middle message with a new object, change a message object in place, and fork an earlier
+checkpoint and continue there. A conversation that shrank twice in a row once failed its third
+checkpoint with "conversation log ... has missing messages"; a message changed in place was
+once taken for the one already stored (the same object) and its change was lost.
 """
 
 from __future__ import annotations
 
+import copy
 import json
 import subprocess
 import sys
@@ -28,7 +30,7 @@ from .test_redis import redis_url  # noqa: F401 - fixture: a fresh key prefix pe
 Edit = tuple[str, int]
 EDITS = st.lists(
     st.tuples(
-        st.sampled_from(["append", "append", "truncate", "pop", "replace", "fork"]),
+        st.sampled_from(["append", "append", "truncate", "pop", "replace", "in-place", "fork"]),
         st.integers(min_value=0, max_value=10),
     ),
     min_size=1,
@@ -55,13 +57,15 @@ def play(store: stashpoint.Store, name: str, edits: list[Edit]) -> list[tuple[st
         elif op == "replace" and msgs:
             i = k % len(msgs)
             msgs = [*msgs[:i], _message(i, f"edited{counter}"), *msgs[i + 1 :]]
+        elif op == "in-place" and msgs:
+            msgs[k % len(msgs)]["content"] += f" changed{counter}"  # the same dict object
         elif op == "fork" and written:
             ident, msgs = written[k % len(written)]
             branch = f"b{counter}"
             run = run.fork(ident, branch)
-            msgs = list(msgs)
+            msgs = copy.deepcopy(msgs)
         cp = run.checkpoint({"messages": msgs, "n": counter})
-        written.append((cp.id, list(msgs)))
+        written.append((cp.id, copy.deepcopy(msgs)))
     return written
 
 
@@ -109,6 +113,7 @@ def test_conversation_edits_read_back_in_a_fresh_process(
     with stashpoint.open(url) as store:
         for name, edits in {
             "shrink-twice": [("append", 2), ("pop", 0), ("pop", 0)],
+            "in-place-at-the-end": [("append", 1), ("in-place", 1), ("in-place", 1)],
             "shrink-thrice-then-grow": [
                 ("append", 2),
                 ("append", 2),
@@ -169,3 +174,21 @@ def test_pydantic_ai_history_saved_shorter_twice(tmp_path: Path) -> None:
     reloaded = MessageHistory("pa", tmp_path / "store")
     assert [m.parts[0].content for m in reloaded.load()] == ["q0"]  # type: ignore[union-attr]
     assert [len(reloaded.load(c.id)) for c in reloaded.stash.history()] == [1, 2, 3, 4]
+
+
+def test_a_message_changed_in_place_is_redacted_again(tmp_path: Path) -> None:
+    """The redactor does not scan a message again when it was redacted before: one that
+    gained a secret in place must be scanned again (else the secret is stored), and one whose
+    secret was edited out in place must be stored as edited (not the earlier redacted copy)."""
+    key = "sk-" + "a1B2c3D4" * 4
+    with stashpoint.open(tmp_path / "store") as store:
+        run = store.session("s")
+        msgs = [_message(0, "hello"), _message(1, f"my key is {key}")]
+        run.checkpoint({"messages": msgs})
+        msgs[0]["content"] = f"now {key}"
+        msgs[1]["content"] = "no key here"
+        run.checkpoint({"messages": msgs})
+    with stashpoint.open(tmp_path / "store") as store:
+        got = [m["content"] for m in store.session("s").state()["messages"]]
+    assert key not in got[0] and got[0].startswith("now ")
+    assert got[1] == "no key here"

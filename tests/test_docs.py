@@ -87,3 +87,13 @@ def test_cli_reference_is_current() -> None:
         text=True,
     )
     assert done.returncode == 0, done.stderr
+
+
+def test_shipped_secret_rules_are_current() -> None:
+    """The detect-secrets rules shipped in the package are what the pinned release gives."""
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "tools" / "secret_rules.py"), "--check"],
+        capture_output=True,
+        text=True,
+    )
+    assert done.returncode == 0, done.stderr

@@ -14,10 +14,12 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
-from agents import RunConfig, Runner
+import pytest
+from agents import Agent, RunConfig, Runner
 from agents.memory import OpenAIResponsesCompactionSession, SessionSettings
 
 import stashpoint
+from stashpoint.errors import UsageError
 from stashpoint.integrations.openai_agents import StashpointSession
 from stashpoint.verify import verify_store
 
@@ -112,10 +114,93 @@ def test_run_state_follows_forks_and_not_other_conversations(tmp_path: Path) -> 
         result = await Runner.run(agent, "write b.txt: x", session=session, run_config=CONFIG)
         paused = await session.save_run_state(result.to_state())
         fork = session.fork(paused.id, "other", into=tmp_path / "fork")
-        assert await fork.load_run_state(approval_agent(tmp_path / "fork")) is not None
+        peek = await fork.load_run_state(approval_agent(tmp_path / "fork"), claim=False)
+        assert peek is not None
         await session.add_items([user("something else")])  # another writer moved on
         assert await session.load_run_state(agent) is None
         assert await fork.load_run_state(approval_agent(tmp_path / "fork")) is not None
+        assert await fork.load_run_state(approval_agent(tmp_path / "fork")) is None  # claimed
+        session.close()
+
+    asyncio.run(scenario())
+
+
+def resume_when_told(ws: Path, store: str, go: Any, out: Any) -> None:
+    """One of two processes resuming the same paused run at the same instant."""
+
+    async def main() -> None:
+        session = StashpointSession("paused", store, workspace=ws)
+        agent = approval_agent(ws)
+        go.wait()
+        state = await session.load_run_state(agent)
+        if state is None:
+            out.put("none")
+            return
+        state.approve(state.get_interruptions()[0])
+        result = await Runner.run(agent, state, session=session, run_config=CONFIG)
+        out.put(str(result.final_output))
+
+    try:
+        asyncio.run(main())
+    finally:
+        os._exit(0)
+
+
+def test_two_processes_resuming_one_paused_run_run_the_tool_once(tmp_path: Path) -> None:
+    ws, store = tmp_path / "ws", str(tmp_path / "store")
+    ws.mkdir()
+
+    async def pause() -> None:
+        session = StashpointSession("paused", store, workspace=ws)
+        result = await Runner.run(
+            approval_agent(ws), "write a.txt: hello", session=session, run_config=CONFIG
+        )
+        await session.save_run_state(result)
+        session.close()
+
+    asyncio.run(pause())
+    ctx = multiprocessing.get_context("fork")
+    go, out = ctx.Barrier(2), ctx.Queue()
+    procs = [ctx.Process(target=resume_when_told, args=(ws, store, go, out)) for _ in range(2)]
+    for proc in procs:
+        proc.start()
+    results = sorted(out.get(timeout=120) for _ in procs)
+    for proc in procs:
+        proc.join(60)
+    assert results == ["done: wrote a.txt", "none"]
+    assert (tmp_path / "ws.calls").read_text() == "a.txt\n"  # approved once, run once
+
+    async def check() -> None:
+        session = StashpointSession("paused", store)
+        items = await session.get_items()
+        assert kinds(items) == ["user", "function_call", "function_call_output", "message"]
+        # popping the resumed run's items does not bring the spent run back
+        await session.pop_item()
+        await session.pop_item()
+        assert await session.load_run_state(approval_agent(ws)) is None
+        session.close()
+
+    asyncio.run(check())
+
+
+def test_a_run_that_is_not_paused_or_another_agent_is_refused(tmp_path: Path) -> None:
+    ws = tmp_path / "ws"
+    ws.mkdir()
+
+    async def scenario() -> None:
+        session = StashpointSession("s", tmp_path / "store", workspace=ws)
+        done = await Runner.run(approval_agent(ws), "just talk", session=session, run_config=CONFIG)
+        with pytest.raises(UsageError, match="not paused"):
+            await session.save_run_state(done)
+        paused = await Runner.run(
+            approval_agent(ws), "write c.txt: x", session=session, run_config=CONFIG
+        )
+        cp = await session.save_run_state(paused)
+        assert cp.message == "agents run paused: awaiting write_file"
+        stranger = Agent(name="stranger")
+        with pytest.raises(UsageError, match="cannot be resumed"):
+            await session.load_run_state(stranger)
+        assert await session.load_run_state(approval_agent(ws)) is not None  # not claimed
         session.close()
 
     asyncio.run(scenario())

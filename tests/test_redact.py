@@ -440,3 +440,76 @@ def test_secret_key_names_in_every_spelling_and_non_string_values(tmp_path: Path
     assert got["job"] == Job("nightly", [mark])
     assert conn.credentials["pw"] == "hunter2-modeldict" and job.secret == ["hunter2-dclist"]
     assert b"hunter2" not in _store_bytes(tmp_path / "st")
+
+
+def test_free_text_env_dumps_headers_urls_and_provider_tokens() -> None:
+    # These reached the store in plaintext: only dict keys were matched by name, and the
+    # hand-kept value patterns knew none of these providers.
+    basic = "ZGVwbG95OnM0ZmUtcGFzc3dvcmQtOTk="
+    tokens = {
+        "stripe": "sk_live_" + _rand(24),
+        "huggingface": "hf_" + _rand(34, string.ascii_letters),
+        "gitlab_token": "glpat-" + _rand(20),
+        "npm": "npm_" + _rand(36),
+    }
+    r = Redactor()
+    header = r(f"> GET / HTTP/1.1\n> Authorization: Basic {basic}\n> Accept: */*")
+    assert basic not in header and "> Accept: */*" in header
+    env = r("HOME=/home/agent\nPGPASSWORD=pg-s3cret-99\nPATH=/usr/bin")
+    assert env == "HOME=/home/agent\nPGPASSWORD=[REDACTED:field]\nPATH=/usr/bin"
+    url = r("connecting to postgres://app:Pa55-word@db.internal:5432/app")
+    assert url == "connecting to postgres://app:[REDACTED:url_password]@db.internal:5432/app"
+    for name, value in tokens.items():
+        assert r(f"log: sent {value} ok") == f"log: sent [REDACTED:{name}] ok", name
+    code = 'token = os.environ["GITHUB_TOKEN"]; f(api_key=api_key, max_tokens=1024)'
+    assert r(code) is code
+
+
+def test_more_secret_key_names_and_secrets_used_as_dict_keys() -> None:
+    gh = "ghp_" + _rand(36)
+    state = {
+        "pwd": "pw-s3cret",
+        "auth": "user:pw",
+        "ssh_key": "AAAAC3NzaC1lZDI1NTE5AAAAI" + _rand(43),
+        "sessionid": "q8w7e6r5t4",
+        "DB_PASS": "hunter2x",
+        "seen": {gh: "a repo token as a key", "ok": 1},
+    }
+    harmless = {"max_tokens": 1, "nextPageToken": "p2", "token_count": 2, "session_id": "t-1"}
+    r = Redactor()
+    out = r({**state, **harmless})
+    assert all(out[k] == "[REDACTED:field]" for k in ("pwd", "auth", "ssh_key", "sessionid"))
+    assert out["DB_PASS"] == "[REDACTED:field]"
+    assert out["seen"] == {"[REDACTED:github]": "a repo token as a key", "ok": 1}
+    assert {k: out[k] for k in harmless} == harmless
+    custom = Redactor(extra_keys=["pin"])({"card_pin": "1234", "spin": "fast"})
+    assert custom == {"card_pin": "[REDACTED:field]", "spin": "fast"}
+
+
+def test_labels_are_redacted_and_detect_secrets_loads_only_when_used(tmp_path: Path) -> None:
+    hf = "hf_" + _rand(34, string.ascii_letters)
+    (tmp_path / "pyproject.toml").write_text('[tool.stashpoint]\nredact_keys = ["pin"]\n')
+    with stashpoint.open(tmp_path / "st") as store:
+        run = store.session("main", workspace=tmp_path)
+        cp = run.checkpoint({"x": 1, "card_pin": "4321"}, label=f"before using {hf}", files=False)
+        run.label(cp.id, f"pinned {hf}")
+        assert run.state(cp.id)["card_pin"] == "[REDACTED:field]"
+        assert list(run.labels().values()) == ["pinned [REDACTED:huggingface]"]
+    assert hf.encode() not in _store_bytes(tmp_path / "st")
+    # detect-secrets costs ~0.2 s to import: its rules ship in the package, so it is
+    # imported only when one of its own rules matches (this token is caught by a context
+    # rule), and nothing is written outside the store (no cache file).
+    probe = (
+        "import sys, stashpoint\n"
+        "run = stashpoint.open('memory://').session('s')\n"
+        "print('detect_secrets' in sys.modules)\n"
+        f"cp = run.checkpoint({{'note': 'used {hf} for the download'}})\n"
+        "print('detect_secrets' in sys.modules, run.state(cp.id)['note'])\n"
+    )
+    env = {**os.environ, "XDG_CACHE_HOME": str(tmp_path / "cache")}
+    out = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, check=True, env=env
+    ).stdout.split()
+    assert out[:2] == ["False", "False"]
+    assert " ".join(out[2:]) == "used [REDACTED:huggingface] for the download"
+    assert not (tmp_path / "cache").exists()

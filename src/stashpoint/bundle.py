@@ -29,6 +29,13 @@ record in a store is verified with its contents (``stashpoint verify``), so a re
 without them would read as damage. Content-addressing keeps this small when history is
 incremental (measured in ``bench/bench_bundle.py``).
 
+Cheap checks come first, because a hostile bundle's cost is in what it declares: reading
+checks every entry's declared size and count against :class:`Limits`, decodes and verifies the
+small entries (manifest, records, logs, trees, chunk lists: bounded by ``max_meta``), then
+checks names, references (an object nothing refers to is refused here) and what each
+checkpoint would restore - all before a blob is decompressed. Blobs are then decompressed and
+hashed 1 MiB at a time, so memory never follows a declared size.
+
 Errors: :class:`IntegrityError` (exit 2) when a digest, a declared size or count, the framing or
 a reference does not match - the file is damaged or forged; :class:`UsageError` (exit 1) when an
 intact bundle asks for something refused: unsafe names or kinds, collisions, duplicate or
@@ -47,9 +54,9 @@ import stat
 import struct
 import unicodedata
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, BinaryIO, Literal, Protocol, TypeVar
+from typing import IO, Any, BinaryIO, Literal, Protocol, TypeVar, cast
 
 import msgspec
 import zstandard
@@ -171,29 +178,99 @@ Clash = ClashError
 
 @dataclass(frozen=True)
 class Limits:
-    """Bounds on what reading a bundle may cost; exceeding one refuses the bundle (exit 1)."""
+    """Bounds on what reading a bundle, and restoring what it holds, may cost; exceeding one
+    refuses the bundle (exit 1) before anything is written.
 
-    max_bytes: int = 64 << 30
+    Why these defaults: a bundle is a file someone else made, and a few KiB of it can declare
+    terabytes of files or millions of directories. Every limit is checked against what the
+    bundle declares, before anything is decompressed; contents are then decompressed and
+    hashed in pieces of at most 1 MiB, so memory does not grow with what is declared. The
+    defaults fit a laptop; ``stashpoint import --max-size/--max-files/--max-depth/--max-path``
+    raise them for a bundle you trust (:meth:`raised`).
+    """
+
+    max_bytes: int = 4 << 30
     """Decompressed bytes of all entries together."""
     max_ratio: int = 1000
-    """... and at most this many times the file's size (a decompression bomb's tell) ..."""
+    """... and at most this many times the file's size (a decompression bomb's tell; 0: no
+    such rule), which also bounds what one checkpoint restores ..."""
     ratio_floor: int = 64 << 20
     """... except that any bundle may expand to this much."""
     max_entry: int = 1 << 30
     """One entry, decompressed (state values are not chunked, so this is a value's limit)."""
-    max_entries: int = 50_000_000
-    max_meta: int = 2 << 30
+    max_entries: int = 2_000_000
+    """Entries in the file (each costs memory while it is checked)."""
+    max_meta: int = 256 << 20
     """Records, logs, trees and chunk lists, which are held in memory while checking."""
     max_depth: int = 256
     """Directory nesting (restores recurse per level)."""
-    max_restore: int = 1 << 40
-    """Bytes one checkpoint's files may expand to (chunk lists can repeat a chunk)."""
-    max_restore_entries: int = 10_000_000
+    max_path: int = 1024
+    """Bytes of a path below the workspace root: a restore adds the directory it writes into,
+    and the whole path must stay under the 4096 bytes Linux allows (1024 on macOS)."""
+    max_restore: int = 4 << 30
+    """Bytes one checkpoint's files, values and artifacts restore to (a chunk list can name
+    one chunk many times)."""
+    max_restore_entries: int = 250_000
     """Files, directories and symlinks one checkpoint's tree may expand to: a tree can name one
     subtree under many names, so a bundle of a few KiB could otherwise ask a restore for 2**40
     of them. Counted once per distinct subtree, so checking stays cheap."""
-    cache_bytes: int = 256 << 20
+    cache_bytes: int = 32 << 20
     """Blob payloads kept in memory between checking and writing; the rest is read twice."""
+
+    def raised(
+        self,
+        *,
+        size: int | None = None,
+        files: int | None = None,
+        depth: int | None = None,
+        path: int | None = None,
+    ) -> Limits:
+        """These limits with the ones a user raised (or lowered) by name: ``size`` is what the
+        bundle may expand to, altogether and per checkpoint, and replaces the ratio rule (the
+        user said how much they expect); ``files`` is files, directories and symlinks per
+        checkpoint (and the file's entries, if more)."""
+        new = self
+        if size is not None:
+            new = replace(
+                new,
+                max_bytes=size,
+                max_restore=size,
+                max_entry=size,
+                max_ratio=0,
+            )
+        if files is not None:
+            new = replace(new, max_restore_entries=files, max_entries=max(files, new.max_entries))
+        if depth is not None:
+            new = replace(new, max_depth=depth)
+        if path is not None:
+            new = replace(new, max_path=path)
+        return new
+
+    def expansion_cap(self, file_size: int) -> int:
+        """The most a bundle of ``file_size`` bytes may expand to."""
+        if not self.max_ratio:
+            return self.max_bytes
+        return min(self.max_bytes, max(self.ratio_floor, self.max_ratio * file_size))
+
+    def restore_cap(self, file_size: int) -> int:
+        """The most one checkpoint of a bundle of ``file_size`` bytes may restore to."""
+        if not self.max_ratio:
+            return self.max_restore
+        return min(self.max_restore, max(self.ratio_floor, self.max_ratio * file_size))
+
+
+TRUSTED = Limits(
+    max_bytes=1 << 50,
+    max_ratio=0,
+    max_entries=1 << 40,
+    max_meta=1 << 40,
+    max_path=1 << 20,
+    max_restore=1 << 50,
+    max_restore_entries=1 << 40,
+)
+"""For bundles this process wrote from a store of its own (``stashpoint copy``, the check
+``export`` runs): their size is the source store's, not a stranger's choice. Structure is
+still checked in full, and memory stays bounded as for any bundle."""
 
 
 # -- records inside the file -------------------------------------------------------------------
@@ -370,6 +447,92 @@ def decode_payload(codec: int, size: int, payload: bytes, what: str = "entry") -
     return out
 
 
+_PIECE = 1 << 20
+"""Decompressed content is produced, hashed and dropped in pieces of at most this size."""
+
+
+def _frame_length(read_at: Callable[[int, int], bytes], plen: int, what: str) -> int:
+    """Bytes of the zstd frame a payload starts with, from its header and block headers
+    (each says how long its block is), without decompressing: a payload must be exactly one
+    frame, and a streaming decompressor stops at the frame's end without saying where."""
+    head = read_at(0, min(plen, 18))
+    try:
+        pos = zstandard.frame_header_size(head)
+        checksum = zstandard.get_frame_parameters(head).has_checksum
+    except zstandard.ZstdError as exc:
+        raise _damaged(f"{what} is not a zstd frame: {exc}") from None
+    while True:
+        block = read_at(pos, 3)
+        if len(block) < 3:
+            raise _damaged(f"{what} is not exactly one frame (it is cut short)")
+        value = int.from_bytes(block, "little")
+        kind = (value >> 1) & 3
+        if kind == 3:
+            raise _damaged(f"{what} is not a valid zstd frame (reserved block type)")
+        pos += 3 + (1 if kind == 1 else value >> 3)  # an RLE block stores its byte once
+        if value & 1:
+            return pos + (4 if checksum else 0)
+
+
+class _PayloadReader:
+    """A payload read from its place in the bundle in pieces, for the streaming decompressor."""
+
+    def __init__(self, read_at: Callable[[int, int], bytes], length: int) -> None:
+        self._read_at = read_at
+        self._length = length
+        self._pos = 0
+
+    def read(self, n: int = -1) -> bytes:
+        n = self._length - self._pos if n < 0 else min(n, self._length - self._pos)
+        data = self._read_at(self._pos, n) if n > 0 else b""
+        self._pos += len(data)
+        return data
+
+
+def iter_content(
+    read_at: Callable[[int, int], bytes], plen: int, codec: int, size: int, what: str
+) -> Iterator[bytes]:
+    """The content of a payload (``read_at(offset, n)`` reads it) in pieces of at most 1 MiB,
+    bounded by its declared ``size`` whatever the payload says; IntegrityError if it is not
+    exactly ``size`` bytes (one zstd frame declaring that size, or raw bytes).
+
+    Why pieces: :func:`decode_payload` holds the whole content, which is what a declared
+    size of 1 GiB in a payload of 32 KiB would cost; here memory stays at one piece."""
+    if codec == RAW:
+        if plen != size:
+            raise _damaged(f"{what} declares {size} bytes but holds {plen}")
+        for pos in range(0, plen, _PIECE):
+            yield read_at(pos, min(_PIECE, plen - pos))
+        return
+    if codec != ZSTD:
+        raise _refused(f"{what} uses unknown codec {codec}")
+    try:
+        declared = zstandard.frame_content_size(read_at(0, min(plen, 18)))
+    except zstandard.ZstdError as exc:
+        raise _damaged(f"{what} is not a zstd frame: {exc}") from None
+    if declared != size:
+        raise _damaged(f"{what} declares {size} bytes but its frame says {declared}")
+    if _frame_length(read_at, plen, what) != plen:
+        raise _damaged(f"{what} is not exactly one frame of {size} bytes")
+    total = 0
+    try:
+        for piece in _DCTX.read_to_iter(
+            cast("IO[bytes]", _PayloadReader(read_at, plen)), read_size=_PIECE, write_size=_PIECE
+        ):
+            total += len(piece)
+            if total > size:
+                break
+            yield piece
+    except zstandard.ZstdError as exc:
+        raise _damaged(f"{what} does not decompress: {exc}") from None
+    if total != size:
+        raise _damaged(f"{what} is not exactly one frame of {size} bytes")
+
+
+def _bytes_at(data: bytes) -> Callable[[int, int], bytes]:
+    return lambda pos, n: data[pos : pos + n]
+
+
 # -- checks shared by export and import --------------------------------------------------------
 def _check_text(what: str, value: str) -> None:
     if not value or len(value) > 1024 or _CONTROL.search(value):
@@ -382,9 +545,30 @@ def _fold(name: bytes) -> str:
     return unicodedata.normalize("NFC", text.casefold()).translate(_IGNORABLE)
 
 
-def parse_tree(digest: bytes, content: bytes) -> list[TreeEntry]:
-    """Decode one tree object and refuse any entry a restore must not be asked to create."""
+_NAME_MAX = 255
+"""Bytes of one name on every common filesystem (ext4, APFS, NTFS, XFS, btrfs)."""
+
+
+def _tree_count(content: bytes) -> int:
+    """Entries a tree object holds, read from its msgpack array header (-1: not an array)."""
+    first = content[:1]
+    if first and 0x90 <= first[0] <= 0x9F:
+        return first[0] & 0x0F
+    if first == b"\xdc" and len(content) >= 3:
+        return int.from_bytes(content[1:3], "big")
+    if first == b"\xdd" and len(content) >= 5:
+        return int.from_bytes(content[1:5], "big")
+    return -1
+
+
+def parse_tree(digest: bytes, content: bytes, limit: int | None = None) -> list[TreeEntry]:
+    """Decode one tree object and refuse any entry a restore must not be asked to create.
+
+    With ``limit``, a tree of more entries is refused from its header, before a million
+    entries are decoded into objects (~200 bytes of memory each)."""
     where = f"tree {digest.hex()[:16]}"
+    if limit is not None and _tree_count(content) > limit:
+        raise _too_many(limit)
     try:
         entries = _tree_dec.decode(content)
     except (msgspec.DecodeError, UnicodeDecodeError) as exc:  # a kind that is not UTF-8
@@ -393,6 +577,11 @@ def parse_tree(digest: bytes, content: bytes) -> list[TreeEntry]:
     for e in entries:
         if not validate_name(e.name):
             raise _refused(f"{where} has an unsafe name {e.name!r} (empty, '.', '..', or with '/')")
+        if len(e.name) > _NAME_MAX:
+            raise _refused(
+                f"{where} has a name of {len(e.name)} bytes ({e.name[:40]!r}...); "
+                f"filesystems hold at most {_NAME_MAX}"
+            )
         if e.kind not in ("f", "d", "l"):
             raise _refused(
                 f"{where}: {e.name!r} is of kind {e.kind!r}; a bundle holds only files, "
@@ -418,6 +607,14 @@ def parse_tree(digest: bytes, content: bytes) -> list[TreeEntry]:
         if e.kind == "l" and (not e.ref or len(e.ref) > _MAX_LINK or b"\0" in e.ref):
             raise _refused(f"{where}: symlink {e.name!r} has an invalid target")
     return entries
+
+
+def _too_many(limit: int) -> UsageError:
+    return _refused(
+        f"its trees expand to more than {limit} files, directories and symlinks (one "
+        "directory named under many names?); a restore would create them all (limit: "
+        "--max-files)"
+    )
 
 
 _S = TypeVar("_S", bound=msgspec.Struct)
@@ -455,7 +652,8 @@ class _Contents:
     logs: dict[str, LogEntry] = field(default_factory=dict)
     trees: dict[bytes, bytes] = field(default_factory=dict)
     blobs: dict[bytes, int] = field(default_factory=dict)
-    """Digest -> size of blobs whose content was verified against the digest."""
+    """Digest -> size of blobs: declared (read) or verified (export). A reader verifies every
+    blob's content against its digest only after the cheap checks passed."""
     lists: dict[bytes, bytes] = field(default_factory=dict)
 
 
@@ -478,8 +676,10 @@ class _Checker:
         hasher: ChainHasher,
         limits: Limits,
         parsed: dict[bytes, list[TreeEntry]] | None = None,
+        file_size: int = 0,
     ) -> None:
         self.c = c
+        self.restore_cap = limits.restore_cap(file_size)
         self.parsed = parsed or {}
         """Trees already checked by :func:`parse_tree` (export parses each once)."""
         self.hasher = hasher.plain()  # bundles carry plaintext bodies
@@ -634,6 +834,7 @@ class _Checker:
         return EMPTY_CHAIN
 
     def _contents(self, cp: Checkpoint) -> None:
+        restored = 0
         for ref in log_refs(cp):
             if ref.log not in self.c.logs or ref.length < 0:
                 raise _damaged(f"checkpoint {cp.id} refers to log {ref.log}, not in the bundle")
@@ -642,7 +843,9 @@ class _Checker:
         for key, hexd in cp.state.values.items():
             if not _HEX.fullmatch(hexd):
                 raise _damaged(f"checkpoint {cp.id}: state value {key!r} has a bad digest")
-            self._content_size(bytes.fromhex(hexd), f"checkpoint {cp.id}: state value {key!r}")
+            restored += self._content_size(
+                bytes.fromhex(hexd), f"checkpoint {cp.id}: state value {key!r}"
+            )
         ws = cp.workspace
         if ws is not None:
             if not _HEX.fullmatch(ws.tree):
@@ -654,8 +857,13 @@ class _Checker:
                     f"checkpoint {cp.id} declares {ws.files} files / {ws.bytes} bytes, its tree "
                     f"holds {files} / {nbytes}"
                 )
-            if nbytes > self.limits.max_restore:
-                raise _refused(f"checkpoint {cp.id}'s files would expand to {nbytes} bytes")
+            if stats.longest > self.limits.max_path:
+                raise _refused(
+                    f"checkpoint {cp.id} has a path of {stats.longest} bytes (limit "
+                    f"{self.limits.max_path}: --max-path); most tools, and a restore, fail on "
+                    "paths that long"
+                )
+            restored += nbytes
         for name, art in cp.artifacts.items():
             # The name and path are checked like tree names: a rewind writes to that path.
             what = f"checkpoint {cp.id}: artifact {name!r}"
@@ -671,8 +879,18 @@ class _Checker:
                 raise _refused(f"{what} is setuid/setgid")
             if self._content_size(bytes.fromhex(art.digest), what) != art.size:
                 raise _damaged(f"{what} declares {art.size} bytes, its content differs")
-            if art.size > self.limits.max_restore:
-                raise _refused(f"{what} would expand to {art.size} bytes")
+            restored += art.size
+        if restored > self.restore_cap:
+            raise _refused(
+                f"checkpoint {cp.id}'s files and values would expand to {restored} bytes, more "
+                f"than {self.restore_cap} ({self._cap_rule()}): a decompression bomb?"
+            )
+
+    def _cap_rule(self) -> str:
+        lim = self.limits
+        if lim.max_ratio and self.restore_cap < lim.max_restore:
+            return f"{lim.max_ratio}x the bundle's size; --max-size SIZE if you trust it"
+        return "--max-size"
 
     def _content_size(self, digest: bytes, what: str) -> int:
         c = self.c
@@ -697,6 +915,11 @@ class _Checker:
             self.used.add(chunk)
             self.chunks.add(chunk)
             total += size
+            if total > self.restore_cap:  # stop counting: a list can name 8 M chunks
+                raise _refused(
+                    f"{what} would expand to more than {self.restore_cap} bytes "
+                    f"({self._cap_rule()}): a decompression bomb?"
+                )
         self.list_sizes[digest] = total
         return total
 
@@ -708,11 +931,11 @@ class _Checker:
         known = self.tree_stats.get(digest)
         if known is None:
             if depth > lim.max_depth:
-                raise _refused(f"directories nest deeper than {lim.max_depth}")
+                raise _refused(f"directories nest deeper than {lim.max_depth} (--max-depth)")
             known = self._expand(digest, depth)
             self.tree_stats[digest] = known
         if depth + known.height > lim.max_depth:
-            raise _refused(f"directories nest deeper than {lim.max_depth}")
+            raise _refused(f"directories nest deeper than {lim.max_depth} (--max-depth)")
         return known
 
     def _expand(self, digest: bytes, depth: int) -> _TreeStats:
@@ -721,15 +944,18 @@ class _Checker:
             raise _damaged(f"tree {digest.hex()[:16]} is not in the bundle")
         self.used.add(digest)
         limit = self.limits.max_restore_entries
-        files = nbytes = count = height = 0
+        files = nbytes = count = height = longest = 0
         entries = self.parsed.get(digest)
-        for e in parse_tree(digest, content) if entries is None else entries:
+        for e in parse_tree(digest, content, limit) if entries is None else entries:
             count += 1
+            longest = max(longest, len(e.name))
             if e.kind == "d":
                 sub = self._tree(e.ref, depth + 1)
                 files, nbytes = files + sub.files, nbytes + sub.bytes
                 count += sub.entries
                 height = max(height, sub.height + 1)
+                if sub.longest:
+                    longest = max(longest, len(e.name) + 1 + sub.longest)
             elif e.kind == "f":
                 size = self._content_size(e.ref, f"file {e.name!r}")
                 if size != e.size:
@@ -740,11 +966,8 @@ class _Checker:
                     raise _damaged(f"symlink {e.name!r} declares a wrong size")
                 files += 1
             if count > limit:
-                raise _refused(
-                    f"its trees expand to more than {limit} files, directories and symlinks "
-                    "(one directory named under many names?); a restore would create them all"
-                )
-        return _TreeStats(files, nbytes, count, height)
+                raise _too_many(limit)
+        return _TreeStats(files, nbytes, count, height, longest)
 
 
 @dataclass(frozen=True)
@@ -756,6 +979,8 @@ class _TreeStats:
     """Files, directories and symlinks below the tree."""
     height: int
     """Directory levels below the tree."""
+    longest: int
+    """Bytes of the longest path below the tree (``a/b/c``)."""
 
 
 # -- reading -----------------------------------------------------------------------------------
@@ -832,8 +1057,49 @@ class Bundle:
         return data
 
     def content(self, digest: bytes) -> bytes:
+        """A blob's whole content (its declared size in memory: for small blobs)."""
+        return b"".join(self.iter_content(digest))
+
+    def iter_content(self, digest: bytes) -> Iterator[bytes]:
+        """A blob's content in pieces of at most 1 MiB, read from the file (or the cache)."""
         slot = self.slots[digest]
-        return decode_payload(slot.codec, slot.size, self.payload(digest), f"blob {digest.hex()}")
+        cached = self._cache.get(digest)
+        if cached is not None:
+            read_at = _bytes_at(cached)
+        else:
+            f, base = self._f, slot.offset
+
+            def read_at(pos: int, n: int) -> bytes:
+                return f.pread(n, base + pos)
+
+        return iter_content(read_at, slot.length, slot.codec, slot.size, f"blob {digest.hex()}")
+
+    def _verify(self, progress: Callable[[int, int], None] | None) -> None:
+        """Every blob's content against its digest, then every chunked file's whole digest:
+        the expensive checks, run after everything cheap passed (sizes, counts, names and
+        references, all checked against what the bundle declares), each in bounded memory."""
+        checked = self.checked
+        assert checked is not None
+        done = nbytes = 0
+        for digest, slot in sorted(self.slots.items(), key=lambda kv: kv[1].offset):
+            if slot.kind != BLOB:
+                continue
+            h = hashlib.sha256()
+            for piece in self.iter_content(digest):
+                h.update(piece)
+            if h.digest() != digest:
+                raise _damaged(f"content of {digest.hex()[:16]} does not match its digest")
+            done, nbytes = done + 1, nbytes + slot.size
+            if progress is not None:
+                progress(done, nbytes)
+        for digest in checked.list_sizes:  # whole-file digests of chunked files
+            whole = hashlib.sha256()
+            lst = self.contents.lists[digest]
+            for i in range(0, len(lst), 32):
+                for piece in self.iter_content(lst[i : i + 32]):
+                    whole.update(piece)
+            if whole.digest() != digest:
+                raise _damaged(f"chunked content {digest.hex()[:16]} does not match its digest")
 
     def close(self) -> None:
         self._f.close()
@@ -889,14 +1155,10 @@ def read_bundle_from(
     p, limits = Path(name), limits or Limits()
     try:
         bundle = _Reader(p, source, size, limits, progress).read()
-        bundle.checked = _Checker(bundle.contents, hasher or ChainHasher(), limits).run()
-        for digest in bundle.checked.list_sizes:  # whole-file digests of chunked files
-            whole = hashlib.sha256()
-            lst = bundle.contents.lists[digest]
-            for i in range(0, len(lst), 32):
-                whole.update(bundle.content(lst[i : i + 32]))
-            if whole.digest() != digest:
-                raise _damaged(f"chunked content {digest.hex()[:16]} does not match its digest")
+        bundle.checked = _Checker(
+            bundle.contents, hasher or ChainHasher(), limits, file_size=size
+        ).run()
+        bundle._verify(progress)
         return bundle
     except BaseException:
         source.close()
@@ -941,7 +1203,7 @@ class _Reader:
         if version != VERSION:
             raise _refused(f"format version {version}; this stashpoint reads {VERSION}")
         overall = hashlib.sha256(head)
-        cap = min(lim.max_bytes, max(lim.ratio_floor, lim.max_ratio * self.size))
+        cap = lim.expansion_cap(self.size)
         count = total = 0
         while True:
             header = self.take(_ENTRY.size)
@@ -971,20 +1233,29 @@ class _Reader:
                 raise _refused(f"entry {name} expands to {size} bytes (limit {lim.max_entry})")
             total += size
             if total > cap:
+                rule = (
+                    f"{lim.max_ratio}x its size of {self.size}, at most {lim.max_bytes}; "
+                    "--max-size SIZE if you trust it"
+                    if lim.max_ratio
+                    else "--max-size"
+                )
                 raise _refused(
-                    f"it expands to more than {cap} bytes ({lim.max_ratio}x its size of "
-                    f"{self.size}, at most {lim.max_bytes}): a decompression bomb?"
+                    f"it expands to more than {cap} bytes ({rule}): a decompression bomb?"
                 )
             if plen > size + (size >> 7) + (1 << 17):  # beyond zstd's worst-case expansion
                 raise _damaged(f"entry {name} is larger than its content could compress to")
             offset = self.pos
+            if kind == BLOB:  # its content is verified once everything cheap has passed
+                self._blob(name, codec, size, offset, plen, sha)
+                continue
+            self._hold(size)  # before decompressing: what is held in memory is bounded
             payload = self.take(plen)
             if hashlib.sha256(payload).digest() != sha:
                 raise _damaged(f"entry {kind.decode()} {name} does not match its digest")
             content = decode_payload(codec, size, payload, f"entry {kind.decode()} {name}")
             self._keep(kind, name, codec, size, offset, payload, sha, content)
             if self.progress is not None:
-                self.progress(count, total)
+                self.progress(count, self.meta_bytes)
 
     def _name(self, kind: bytes, raw: bytes, count: int) -> str:
         if kind not in (MANIFEST, RECORD, LOG, TREE, BLOB, CHUNKS):
@@ -1005,6 +1276,36 @@ class _Reader:
         if not ok:
             raise _refused(f"invalid entry name {name[:80]!r} for kind {kind.decode()}")
         return name
+
+    def _new_object(self, name: str) -> bytes:
+        c = self.bundle.contents
+        digest = bytes.fromhex(name)
+        if digest in c.trees or digest in c.blobs or digest in c.lists:
+            raise _refused(f"duplicate entry for {name[:16]}")
+        return digest
+
+    def _blob(self, name: str, codec: int, size: int, offset: int, plen: int, sha: bytes) -> None:
+        """Read a blob's payload in pieces, checking it against the digest its entry header
+        declares (which the bundle digest covers), keeping it only if the cache has room."""
+        b = self.bundle
+        digest = self._new_object(name)
+        h = hashlib.sha256()
+        keep = self.cache_bytes + plen <= self.limits.cache_bytes
+        pieces = []
+        left = plen
+        while left:
+            piece = self.take(min(left, _PIECE))
+            h.update(piece)
+            left -= len(piece)
+            if keep:
+                pieces.append(piece)
+        if h.digest() != sha:
+            raise _damaged(f"entry B {name} does not match its digest")
+        b.contents.blobs[digest] = size
+        b.slots[digest] = _Slot(BLOB, codec, size, offset, plen, sha)
+        if keep:
+            self.cache_bytes += plen
+            b._cache[digest] = b"".join(pieces)
 
     def _hold(self, n: int) -> None:
         self.meta_bytes += n
@@ -1029,32 +1330,20 @@ class _Reader:
             elif kind == RECORD:
                 if name in c.records:
                     raise _refused(f"duplicate entry for checkpoint {name}")
-                self._hold(size)
                 c.records[name] = _record_dec.decode(content)
             elif kind == LOG:
                 if name in c.logs:
                     raise _refused(f"duplicate entry for log {name}")
-                self._hold(size)
                 c.logs[name] = _log_dec.decode(content)
             else:
-                digest = bytes.fromhex(name)
-                if digest in c.trees or digest in c.blobs or digest in c.lists:
-                    raise _refused(f"duplicate entry for {name[:16]}")
+                digest = self._new_object(name)
                 if kind == CHUNKS:
-                    self._hold(size)
                     c.lists[digest] = content
                     return
                 if hashlib.sha256(content).digest() != digest:
                     raise _damaged(f"content of {name[:16]} does not match its digest")
-                if kind == TREE:
-                    self._hold(size)
-                    c.trees[digest] = content
-                else:
-                    c.blobs[digest] = size
+                c.trees[digest] = content
                 b.slots[digest] = _Slot(kind, codec, size, offset, len(payload), sha)
-                if self.cache_bytes + len(payload) <= self.limits.cache_bytes:
-                    self.cache_bytes += len(payload)
-                    b._cache[digest] = payload
         except (msgspec.DecodeError, UnicodeDecodeError) as exc:  # a string not UTF-8
             raise _damaged(f"entry {kind.decode()} {name} is malformed: {exc}") from None
 
@@ -1244,7 +1533,7 @@ class _Exporter:
                 self._tree(bytes.fromhex(cp.workspace.tree))
             for art in cp.artifacts.values():
                 self._blob(bytes.fromhex(art.digest))
-        _Checker(c, self.store.hasher, Limits(), self.parsed).run()  # import would accept it
+        _Checker(c, self.store.hasher, TRUSTED, self.parsed).run()  # import would accept it
         self.writer_bytes = w.bytes
         return w.finish()
 

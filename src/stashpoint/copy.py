@@ -34,7 +34,7 @@ from urllib.parse import unquote_plus, urlsplit
 
 from ._fsutil import TMP_MARK
 from ._store import Problem, Store
-from .bundle import _Exporter, import_bundle, kill_point, read_bundle_from
+from .bundle import TRUSTED, _Exporter, import_bundle, kill_point, read_bundle_from
 from .errors import ClashError as Clash
 from .errors import ConflictError, IntegrityError, NotFoundError, StoreError, UsageError
 
@@ -138,7 +138,7 @@ def copy_sessions(
         # Checked under the key it was sealed with; sealed again on import when renamed.
         hasher = dest.hasher if as_session is None else source.hasher.plain()
         with read_bundle_from(
-            tmp, tmp.size, f"the temporary bundle of {name!r}", hasher=hasher
+            tmp, tmp.size, f"the temporary bundle of {name!r}", hasher=hasher, limits=TRUSTED
         ) as b:
             try:
                 rep = import_bundle(dest, b, as_session=as_session, progress=step)

@@ -7,6 +7,7 @@ stable CLI exit code.
     │   ├── ValidationError              exit 1   a state validator refused an edit
     │   ├── RestoreRefused               exit 1   a restore would write where the user did not point
     │   ├── RestoreBlocked               exit 1   a restore would overwrite files no snapshot holds
+    │   │   └── RestoreImpossible        exit 1   the target filesystem cannot hold a path
     │   └── ClashError                   exit 1   an imported id or branch differs from the store's
     ├── NotFoundError                    exit 1   unknown checkpoint, session or branch
     │   └── PrunedError                  exit 1   the checkpoint's state and files were released
@@ -52,6 +53,7 @@ __all__ = [
     "PackMissing",
     "PrunedError",
     "RestoreBlocked",
+    "RestoreImpossible",
     "RestoreRefused",
     "SchemaVersionError",
     "SerializationError",
@@ -208,6 +210,13 @@ class RestoreBlocked(UsageError):
     """The target has a file or link where the workspace has a directory that still holds
     ignored files, which a restore never touches: the user must move them first (as git
     refuses to overwrite untracked files)."""
+
+
+class RestoreImpossible(RestoreBlocked):
+    """The target filesystem cannot hold a path of the checkpoint (a name or path too long, a
+    name it cannot encode, a file too large for it). Unlike a full disk, running the restore
+    again fails the same way, so it is undone like a blocked one - a fork's new directory is
+    removed - instead of being left for a re-run that can never finish it."""
 
 
 class ValidationError(UsageError):

@@ -8,20 +8,25 @@ anything, and replaces each secret with a marker such as ``[REDACTED:openai]``.
 
 On by default. Why: a false positive costs one string in a checkpoint (the agent re-reads a
 credential from its environment, where it belongs), while a false negative costs a leaked key
-in every copy of the store; the default patterns are anchored on the vendors' fixed prefixes
-(``sk-ant-``, ``AKIA``, ``ghp_``, ``xoxb-``, ``AIza``, ``eyJ…``, PEM armour), so ordinary text
-does not match. Turn it off with ``Session(redact=False)`` or ``[tool.stashpoint] redact =
+in every copy of the store. What finds secrets in text is :mod:`stashpoint.secrets_rules`:
+stashpoint's context rules (a URL's password, ``Authorization`` headers, PEM blocks, providers
+the maintained set lacks), then every value plugin of detect-secrets, then the user's
+patterns; plus assignments to secret-named keys in free text (``PGPASSWORD=...`` in an env
+dump, ``"api_key": "..."`` in a logged JSON line), code excepted (``token =
+os.environ[...]``). Turn it off with ``Session(redact=False)`` or ``[tool.stashpoint] redact =
 false``; add patterns with ``redact={"name": r"regex"}`` or ``[tool.stashpoint]
 redact_patterns = {name = "regex"}`` (a ``(?P<secret>...)`` group limits the replacement to that
-part); pass any callable ``value -> value`` to redact your own way.
+part), key names with ``Redactor(extra_keys=[...])`` or ``redact_keys = ["pin"]``; pass any
+callable ``value -> value`` to redact your own way.
 
-What is walked: str, dict (keys kept), list, tuple, set, frozenset, and the fields of
-dataclasses (``slots=True`` too) and pydantic models, ``extra="allow"`` fields included
-(LangChain messages are pydantic models): a changed one is a copy (``model_copy``), never the
-caller's object mutated. A value under a key named like password / secret / token / api_key
-(``PGPASSWORD``, ``X-Api-Key``, ``clientSecret`` too; see :data:`SECRET_KEYS`) is replaced
-whole, a list or dict as well as a string; in a model's attribute, every string inside it.
-Other values (bytes, numbers, other objects) pass unchanged.
+What is walked: str, dict (a key that is itself a secret is replaced too), list, tuple, set,
+frozenset, and the fields of dataclasses (``slots=True`` too) and pydantic models,
+``extra="allow"`` fields included (LangChain messages are pydantic models): a changed one is a
+copy (``model_copy``), never the caller's object mutated. A value under a key named like
+password / secret / token / api_key (``PGPASSWORD``, ``X-Api-Key``, ``clientSecret``, ``pwd``,
+``ssh_key`` too; see :data:`SECRET_KEYS`) is replaced whole, a list or dict as well as a
+string; in a model's attribute, every string inside it. Other values (bytes, numbers, other
+objects) pass unchanged.
 """
 
 from __future__ import annotations
@@ -30,58 +35,93 @@ import copy
 import dataclasses
 import re
 from collections import Counter
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any, Protocol
 
 from .errors import UsageError
+from .secrets_rules import CONTEXT_RULES, Scanner
 
-__all__ = ["DEFAULT_PATTERNS", "Redactor", "RedactorFn", "load_config", "make_redactor"]
+__all__ = [
+    "DEFAULT_PATTERNS",
+    "SECRET_KEYS",
+    "Redactor",
+    "RedactorFn",
+    "is_secret_key",
+    "load_config",
+    "make_redactor",
+]
 
-DEFAULT_PATTERNS: dict[str, str] = {
-    # Order matters: the more specific prefix first (sk-ant- is also sk-).
-    "private_key": (
-        r"-----BEGIN (?:[A-Z0-9]+ )*PRIVATE KEY-----[\s\S]*?"
-        r"-----END (?:[A-Z0-9]+ )*PRIVATE KEY-----"
-    ),
-    "anthropic": r"\bsk-ant-[A-Za-z0-9_\-]{20,}",
-    "openai": r"\bsk-(?:proj-|svcacct-|admin-)?[A-Za-z0-9_\-]{20,}",
-    "aws": r"\b(?:AKIA|ASIA|AGPA|AIDA|AROA)[0-9A-Z]{16}\b",
-    "aws_secret": r"(?i:aws_?secret_?access_?key)\W{0,3}(?P<secret>[A-Za-z0-9/+=]{40})\b",
-    "github": r"\b(?:gh[pousr]_[A-Za-z0-9]{36,}|github_pat_[A-Za-z0-9_]{22,})",
-    "slack": r"\bxox[abposr]-[A-Za-z0-9\-]{10,}",
-    "google": r"\bAIza[0-9A-Za-z_\-]{35}",
-    "jwt": r"\beyJ[A-Za-z0-9_\-]{5,}\.eyJ[A-Za-z0-9_\-]{5,}\.[A-Za-z0-9_\-]{10,}",
-    "bearer": r"\b[Bb]earer\s+(?P<secret>[A-Za-z0-9\-._~+/]{16,}=*)",
-}
-"""Name -> regex of the secrets scrubbed by default."""
-
-_TRIGGERS: dict[str, tuple[str, ...]] = {
-    "private_key": ("PRIVATE KEY",),
-    "anthropic": ("sk-ant-",),
-    "openai": ("sk-",),
-    "aws": ("AKIA", "ASIA", "AGPA", "AIDA", "AROA"),
-    "aws_secret": ("ecret", "ECRET"),
-    "github": ("ghp_", "gho_", "ghu_", "ghs_", "ghr_", "github_pat_"),
-    "slack": ("xox",),
-    "google": ("AIza",),
-    "jwt": ("eyJ",),
-    "bearer": ("earer",),
-}
-"""Substrings without which a default pattern cannot match: a substring test (C speed) skips
-the regex for almost every string."""
+DEFAULT_PATTERNS: dict[str, str] = CONTEXT_RULES
+"""Name -> regex of the rules stashpoint keeps itself; detect-secrets' plugins run after them
+(see :mod:`stashpoint.secrets_rules`)."""
 
 _SEP = r"[_\-. ]?"
-SECRET_KEYS = re.compile(
-    r"(?i)^(?!.*(?:next|page|continuation|max|min|num|eos|bos|pad|unk|sep|cls|mask)"
-    rf"{_SEP}token$)"
-    rf".*(?:password|passwd|passphrase|secrets?|token|api{_SEP}key|secret{_SEP}key|"
-    rf"private{_SEP}key|access{_SEP}key|credentials?|authorization|cookie)$"
+_BOUND = r"(?:^|.*[_\-. ])"
+_NOT_SECRET_TOKENS = (
+    "next|page|continuation|max|min|num|eos|bos|pad|unk|sep|cls|mask|start|end|total|input|"
+    "output|prompt|completion|cached|reasoning|special|stop"
 )
-"""Keys whose values are secrets, whatever they look like: the keyword ends the key, after any
-prefix (``PGPASSWORD``, ``X-Api-Key``, ``clientSecret``, ``githubToken``), so ``tokens``,
-``token_count``, ``max_tokens`` or ``passwords_checked`` do not match; pagination cursors
-(``nextPageToken``) and tokenizer settings (``eos_token``, ``max_token``) are not secrets."""
+_KEY_WORDS = (
+    r"password|passwd|passphrase|secrets?|token|credentials?|authorization|cookie|sessionid|"
+    rf"(?:api|secret|private|access|ssh|signing|encryption|master|client|account|session){_SEP}key"
+)
+_SHORT_WORDS = "pass|pwd|pw|auth"
+
+
+def _key_rx(extra: tuple[str, ...] = ()) -> re.Pattern[str]:
+    short = "|".join([_SHORT_WORDS, *(re.escape(_normal_key(k)) for k in extra)])
+    return re.compile(
+        rf"^(?!.*(?:{_NOT_SECRET_TOKENS}){_SEP}token$)"
+        rf"(?:.*(?:{_KEY_WORDS})|{_BOUND}(?:{short}))$"
+    )
+
+
+def _normal_key(key: str) -> str:
+    """camelCase split with ``_`` and lower-cased: ``githubToken`` -> ``github_token``,
+    ``dbPass`` -> ``db_pass``; ``PGPASSWORD`` stays one word."""
+    return _CAMEL.sub("_", key).lower()
+
+
+_CAMEL = re.compile(r"(?<=[a-z0-9])(?=[A-Z])")
+
+SECRET_KEYS = _key_rx()
+"""Keys whose values are secrets, whatever they look like, matched on the key in lower case
+with camelCase split (``githubToken`` -> ``github_token``): a keyword ends the key after any
+prefix (``PGPASSWORD``, ``X-Api-Key``, ``clientSecret``, ``ssh_key``, ``sessionid``), or a
+short one (``pass``, ``pwd``, ``pw``, ``auth``) is the key or follows a separator
+(``DB_PASS``, ``basicAuth``; not ``bypass``, ``oauth``). So ``tokens``, ``token_count``,
+``max_tokens``, ``passwords_checked`` or ``primary_key`` do not match; pagination cursors
+(``nextPageToken``) and tokenizer settings (``eos_token``, ``max_token``) are not secrets;
+``session_id`` (a conversation's id, which frameworks need back) is not ``sessionid`` (Django's
+cookie)."""
+
+
+def is_secret_key(key: str) -> bool:
+    """Whether a value under ``key`` is treated as a secret by default."""
+    return SECRET_KEYS.match(_normal_key(key)) is not None
+
+
+# An assignment in free text: an env dump (PGPASSWORD=...), a .env or YAML line, a header
+# (X-Api-Key: ...), a JSON log line ("api_key": "..."), a CLI flag (--password=...).
+_ASSIGN = re.compile(
+    r"(?<![\w.\-])(?P<key>[A-Za-z_][\w.\-]*)[\"']?\]?[ \t]*(?P<op>:=|=>|=|:)[ \t]*"
+    r"(?:\"(?P<dq>[^\"\n]*)\"|'(?P<sq>[^'\n]*)'"
+    r"|(?P<v>[^\s\"',;&)}\]<>\[{(`%$][^\s\"',;&)}\]<>`]*))"
+)
+_GATE_WORDS = (
+    "pass", "password", "passwd", "passphrase", "pwd", "pw", "secret", "secrets", "token",
+    "key", "credential", "credentials", "authorization", "auth", "cookie", "sessionid",
+)  # fmt: skip
+"""A secret-named key ends with one of these: an ``=`` or ``:`` after none of them is not an
+assignment to look at (one ``endswith`` per operator, instead of a regex over the text)."""
+_TRAILING = " \t\"']"
+_CODE_LIKE = re.compile(r"[A-Za-z_][A-Za-z_.:]*(?:[(\[].*)?")
+"""An identifier, a dotted name or a call: code (``token = os.environ[...]``, ``password:
+str``, ``f(api_key=api_key)``), not a value."""
+_NOT_A_VALUE = frozenset(
+    {"none", "null", "nil", "true", "false", "undefined", "basic", "bearer", "digest", "token"}
+)
 
 _MARK = "[REDACTED:field]"
 
@@ -117,25 +157,41 @@ class Redactor:
     """Pattern-based redactor: ``[REDACTED:<name>]`` for every match, recursively."""
 
     def __init__(
-        self, extra: Mapping[str, str] | None = None, *, defaults: bool = True, keys: bool = True
+        self,
+        extra: Mapping[str, str] | None = None,
+        *,
+        defaults: bool = True,
+        keys: bool = True,
+        extra_keys: Iterable[str] = (),
     ) -> None:
-        patterns = {**(DEFAULT_PATTERNS if defaults else {}), **(extra or {})}
-        self.patterns: list[tuple[str, re.Pattern[str], tuple[str, ...]]] = []
-        for name, rx in patterns.items():
+        for name, rx in (extra or {}).items():
             try:
-                compiled = re.compile(rx)
+                re.compile(rx)
             except re.error as exc:
                 raise UsageError(f"redaction pattern {name!r} is not a valid regex: {exc}") from exc
-            default = DEFAULT_PATTERNS.get(name) == rx
-            self.patterns.append((name, compiled, _TRIGGERS.get(name, ()) if default else ()))
-        triggers = sorted({t for _, _, ts in self.patterns for t in ts})
-        self._gate = re.compile("|".join(map(re.escape, triggers))) if triggers else None
-        """Any trigger at all, in one pass of the text (most strings hold none)."""
-        self._ungated = [p for p in self.patterns if not p[2]]
-        self.keys = keys
-        self._key_cache: dict[str, bool] = {}
         self.counts: Counter[str] = Counter()
-        """Secrets replaced so far, by pattern name (the session reads and resets it)."""
+        """Secrets replaced so far, by rule name (the session reads and resets it)."""
+        self.keys = keys
+        extra_keys = tuple(extra_keys)
+        self._keys_rx = _key_rx(extra_keys) if extra_keys else SECRET_KEYS
+        last_words = (re.split(r"[_\-. ]", _normal_key(k))[-1] for k in extra_keys)
+        self._gate_words = _GATE_WORDS + tuple(w for w in last_words if w)
+        self._key_cache: dict[str, bool] = {}
+        self._dict_key_cache: dict[str, bool] = {}
+        self._scanner = Scanner(
+            extra,
+            defaults=defaults,
+            on_match=self._count,
+            assignments=self._assignments if keys else None,
+        )
+
+    def _count(self, name: str) -> None:
+        self.counts[name] += 1
+
+    @property
+    def patterns(self) -> list[tuple[str, re.Pattern[str]]]:
+        """(name, regex) of every rule, in the order they run (compiles them on first use)."""
+        return [(r.name, r.regex) for r in self._scanner.rules]
 
     def __call__(self, value: Any, /) -> Any:
         return self._walk(value, 0)
@@ -148,7 +204,8 @@ class Redactor:
             return value
         if t is dict:
             changed = self._changes(value, depth)
-            return {**value, **changed} if changed else value
+            out = {**value, **changed} if changed else value
+            return self._keys_scrubbed(out)
         if t is list or t is tuple or t is set or t is frozenset:
             return _rebuilt(value, [self._walk(x, depth + 1) for x in value])
         if getattr(t, "__pydantic_fields__", None) is not None:  # a pydantic v2 model
@@ -243,35 +300,93 @@ class Redactor:
     def _secret_key(self, key: str) -> bool:
         hit = self._key_cache.get(key)
         if hit is None:
-            hit = SECRET_KEYS.match(key) is not None
+            hit = self._keys_rx.match(_normal_key(key)) is not None
             if len(self._key_cache) < 10_000:  # keys repeat (role, content, ...): remember
                 self._key_cache[key] = hit
         return hit
 
-    def scrub(self, text: str) -> str:
-        """One string with every match replaced."""
-        gate = self._gate
-        patterns = self._ungated if gate is not None and not gate.search(text) else self.patterns
-        for name, rx, triggers in patterns:
-            if triggers:
-                for t in triggers:  # a plain loop: twice as fast as any() over a generator
-                    if t in text:
-                        break
+    def _keys_scrubbed(self, d: dict[Any, Any]) -> dict[Any, Any]:
+        """``d`` with each string key that holds a secret (``{"ghp_...": "repo"}``) replaced;
+        two keys that become one are told apart by a suffix (``#2``)."""
+        cache = self._dict_key_cache
+        hits: dict[str, str] = {}
+        for k in d:
+            if type(k) is str and not cache.get(k, False):
+                new = self.scrub(k)
+                if new is k:
+                    if len(cache) < 10_000:  # only clean keys are remembered (no secret kept)
+                        cache[k] = True
                 else:
-                    continue
-            if rx.search(text) is None:
-                continue
-            marker = f"[REDACTED:{name}]"
+                    hits[k] = new
+        if not hits:
+            return d
+        out: dict[Any, Any] = {}
+        for k, v in d.items():
+            if type(k) is str and k in hits:
+                new = base = hits[k]
+                n = 2
+                while new in out or new in d:
+                    new, n = f"{base}#{n}", n + 1
+                out[new] = v
+            else:
+                out[k] = v
+        return out
 
-            def sub(m: re.Match[str], marker: str = marker, name: str = name, rx: Any = rx) -> str:
-                self.counts[name] += 1
-                if "secret" in rx.groupindex and m.group("secret") is not None:
-                    s, e = m.span("secret")
-                    return m.group(0)[: s - m.start()] + marker + m.group(0)[e - m.start() :]
-                return marker
-
-            text = rx.sub(sub, text)
+    def _assignments(self, text: str) -> str:
+        """Values assigned to secret-named keys in free text (env dumps, .env and YAML lines,
+        headers, JSON log lines, CLI flags), replaced; code stays (see :data:`_CODE_LIKE`)."""
+        words = self._gate_words
+        for op in "=:":
+            i = text.find(op)
+            while i >= 0:
+                if text[max(0, i - 24) : i].rstrip(_TRAILING).lower().endswith(words):
+                    return self._assigned(text)
+                i = text.find(op, i + 1)
         return text
+
+    def _assigned(self, text: str) -> str:
+        """Each assignment replaced; after one whose key is not secret the search goes on
+        from its operator (``tool: PGPASSWORD=...``: the value of ``tool`` holds another)."""
+        out: list[str] = []
+        pos = done = 0
+        while (m := _ASSIGN.search(text, pos)) is not None:
+            if not self._secret_key(m.group("key").lstrip("-")):
+                pos = m.end("op")
+                continue
+            out += [text[done : m.start()], self._assignment(m)]
+            pos = done = m.end()
+        return "".join([*out, text[done:]]) if out else text
+
+    def _assignment(self, m: re.Match[str]) -> str:
+        key = m.group("key")
+        quoted = m.group("v") is None
+        value = m.group("dq") if m.group("dq") is not None else m.group("sq")
+        if value is None:
+            value = m.group("v")
+        low = value.lower()
+        if (
+            not value
+            or value.startswith(("[REDACTED", "$", "%", "{{", "<", "***"))
+            or low in _NOT_A_VALUE
+            or (not quoted and value.isdigit() and len(value) < 6)
+            or (
+                not quoted
+                and not (key.isupper() and "=" in m.group(0).split()[0])  # an env dump line
+                and _CODE_LIKE.fullmatch(value) is not None
+            )
+            or (key.lower() == "token" and (len(value) < 8 or " " in value))  # an LLM's token
+        ):
+            return m.group(0)
+        name = "dq" if m.group("dq") is not None else "sq" if m.group("sq") is not None else "v"
+        s, e = m.span(name)
+        self.counts["field"] += 1
+        whole = m.group(0)
+        return whole[: s - m.start()] + _MARK + whole[e - m.start() :]
+
+    def scrub(self, text: str) -> str:
+        """One string with every secret replaced (the same object when none was found)."""
+        out = self._scanner.scrub(text)
+        return text if out == text else out
 
 
 def load_config(root: Path | None) -> dict[str, Any]:
@@ -311,4 +426,7 @@ def make_redactor(
         raise UsageError("[tool.stashpoint] redact_patterns must be a table of name = regex")
     if isinstance(redact, Mapping):
         extra = {**extra, **redact}
-    return Redactor(extra)
+    keys = config.get("redact_keys", [])
+    if not isinstance(keys, list) or not all(isinstance(k, str) and k for k in keys):
+        raise UsageError("[tool.stashpoint] redact_keys must be a list of key names")
+    return Redactor(extra, extra_keys=keys)

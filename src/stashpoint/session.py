@@ -10,6 +10,7 @@ took stays valid; only the parent link and the conversation log position are rec
 from __future__ import annotations
 
 import contextlib
+import copy
 import functools
 import hashlib
 import json
@@ -92,6 +93,73 @@ def _backoff(attempt: int) -> None:
 
 _LINK_FILE = ".stashpoint"
 _INHERIT: Any = object()
+_IMMUTABLE = frozenset((str, bytes, int, float, bool, type(None)))
+
+
+@dataclass
+class _Known:
+    """The conversation as last checkpointed, independent of the caller's objects: what a
+    new checkpoint's messages are compared against to find the prefix already stored.
+
+    ``objs`` holds copies decoded from the bytes written (a message of an immutable type is
+    kept as it is, so that the comparison stays one identity test); ``data`` holds those
+    bytes, the arbiter when a message and its copy compare unequal although it encodes the
+    same (a ``nan`` inside)."""
+
+    objs: list[Any]
+    data: list[bytes]
+
+
+def _written(msgs: Sequence[Any], data: Sequence[bytes]) -> list[Any]:
+    """Copies of ``msgs`` as written (``data``: their encodings), independent of the objects:
+    new dicts, lists and tuples around the same immutable leaves (so that comparing a message
+    with its copy mostly compares pointers), or the message decoded from its bytes when it
+    holds anything else (a registered dataclass, a pydantic model)."""
+    out = []
+    for m, d in zip(msgs, data, strict=True):
+        try:
+            out.append(plain_copy(m))
+        except TypeError:
+            out.append(serde.decode(d))
+    return out
+
+
+def plain_copy(value: Any) -> Any:
+    """A copy of the dicts, lists and tuples of ``value`` sharing its immutable leaves
+    (strings, numbers, bytes, None); TypeError for anything else inside."""
+    t = type(value)
+    if t is dict:
+        return {k: v if type(v) in _IMMUTABLE else plain_copy(v) for k, v in value.items()}
+    if t is list:
+        return [v if type(v) in _IMMUTABLE else plain_copy(v) for v in value]
+    if t is tuple:
+        return tuple([v if type(v) in _IMMUTABLE else plain_copy(v) for v in value])
+    if t in _IMMUTABLE:
+        return value
+    raise TypeError(t.__name__)
+
+
+def copied(value: Any) -> Any:
+    """A deep copy, or (not copyable) a stand-in equal to nothing."""
+    try:
+        return copy.deepcopy(value)
+    except Exception:  # then the value is scanned again next time
+        return object()
+
+
+def same_prefix(msgs: list[Any], known: list[Any]) -> int:
+    """How many leading items of ``msgs`` equal those of ``known``: one comparison in C for
+    the usual case (all of them), then item by item from the first difference."""
+    n = min(len(known), len(msgs))
+    if (msgs[:n] == known) if n == len(known) else (msgs == known[:n]):  # one slice
+        return n
+    for i in range(n):
+        a, b = known[i], msgs[i]
+        if a is not b and a != b:
+            return i
+    return n  # pragma: no cover - the slice comparison above said they differ
+
+
 _POLICIES = ("step", "tool", "task")
 
 
@@ -229,7 +297,10 @@ class Session:
     ) -> None:
         _check_name("session", name)
         self.redactor = make_redactor(redact, Path(workspace) if workspace is not None else None)
-        self._redacted: tuple[list[Any], list[Any]] = ([], [])  # last list: given, redacted
+        # The redactor's last inputs (copies) and outputs (the copies checkpointed), and the
+        # list it is working on until its checkpoint commits: (given, how many reused, output)
+        self._redacted: tuple[list[Any], list[Any]] = ([], [])
+        self._redacting: tuple[list[Any], int, list[Any]] | None = None
         self.store = store
         self.name = name
         self.durability = store.durability if durability is None else Durability.parse(durability)
@@ -266,7 +337,7 @@ class Session:
         self.branch = branch
         self._head: Checkpoint | None = None
         self._head_loaded = False
-        self._conv_objs: list[Any] | None = None  # messages as of self._head, for prefix checks
+        self._conv_objs: _Known | None = None  # messages as of self._head, for prefix checks
         self._log_tips: dict[str, int] = {}
         self.migrations: dict[int, Callable[[dict[str, Any]], dict[str, Any]]] = dict(
             migrations or {}
@@ -642,6 +713,9 @@ class Session:
         return out
 
     def _load_messages(self, conv: ConversationRef) -> list[Any]:
+        return self._load_conversation(conv).objs
+
+    def _load_conversation(self, conv: ConversationRef) -> _Known:
         rows = self._message_rows(conv.log, conv.length)
         chain = EMPTY_CHAIN
         msgs = []
@@ -654,7 +728,7 @@ class Session:
             raise IntegrityError(
                 f"conversation of length {conv.length} in log {conv.log} does not match its hash"
             )
-        return msgs
+        return _Known(msgs, [data for _chain, data in rows])
 
     # -- writing --------------------------------------------------------------------------
     @_holding_write_lock
@@ -711,6 +785,7 @@ class Session:
             if append_messages is not None:
                 append_messages = [self.redactor(m) for m in append_messages]
             state, message, meta = self._redact(state, message, meta)
+            label = self._redact_label(label)
         if append_messages is not None:
             added = [serde.encode(m) for m in append_messages]  # once, for every attempt
         ws_ref: WorkspaceRef | None = None
@@ -825,14 +900,9 @@ class Session:
             if append is not None:
                 self._log_tips[append.log] = append.start + len(append.messages)
             if append_messages is not None:
-                known = self._conv_objs
-                n = head.state.conversation.length if head and head.state.conversation else 0
-                self._conv_objs = (
-                    [*known, *append_messages] if known is not None and len(known) == n else None
-                )
+                self._known_appended(head, append_messages, added or [])
             elif state is not None:
-                msgs = state.get(self.conversation_key)
-                self._conv_objs = list(msgs) if isinstance(msgs, list) else None
+                self._known_written(state.get(self.conversation_key), append)
             self._head = sealed
             self._head_loaded = True
             if label is not None:
@@ -847,25 +917,71 @@ class Session:
             f"{self.branch!r} is being written by others too fast"
         )
 
+    def _known_written(self, msgs: Any, append: LogAppend | None) -> None:
+        """After a checkpoint of the conversation ``msgs`` (``append``: what it wrote)."""
+        redacting, self._redacting = self._redacting, None
+        if not isinstance(msgs, list):
+            self._conv_objs = None
+            return
+        known = self._conv_objs  # what _common_prefix compared against (all of it if unchanged)
+        start = append.start if append is not None else len(msgs)
+        data = [d for _chain, d in append.messages] if append is not None else []
+        if known is None or len(known.objs) < start:
+            if start:  # (the head had no conversation to compare against: nothing kept)
+                self._conv_objs = None
+                return
+            known = _Known([], [])
+        new = _written(msgs[start:], data)
+        if len(known.objs) == start:  # appended: extend the lists (no copy of the prefix)
+            known.objs.extend(new)
+            known.data.extend(data)
+        else:
+            known = _Known(known.objs[:start] + new, known.data[:start] + data)
+        self._conv_objs = known
+        if redacting is not None and redacting[2] is msgs:
+            given, k, red = redacting  # given: the messages from k on
+            snaps = known.objs
+            # A message the redactor left as it was has the copy just written as its copy.
+            more = [snaps[i] if red[i] is m else copied(m) for i, m in enumerate(given, start=k)]
+            old = self._redacted[0]
+            if len(old) == k:
+                old.extend(more)
+            else:
+                old = old[:k] + more
+            self._redacted = (old, snaps)
+
+    def _known_appended(self, head: Checkpoint | None, msgs: list[Any], data: list[bytes]) -> None:
+        known = self._conv_objs
+        n = head.state.conversation.length if head and head.state.conversation else 0
+        if n == 0:
+            known = _Known([], [])
+        if known is None or len(known.objs) != n:
+            self._conv_objs = None
+            return
+        known.objs.extend(_written(msgs, data))
+        known.data.extend(data)
+        self._conv_objs = known
+
     def _redact(
         self, state: Mapping[str, Any] | None, message: str | None, meta: Mapping[str, Any] | None
     ) -> tuple[Mapping[str, Any] | None, str | None, Mapping[str, Any] | None]:
         """Scrubbed copies (the caller's objects are never mutated). Messages already
-        checkpointed are not scanned again: the redacted copy of the same object is reused,
-        so the cost per checkpoint stays that of the new messages."""
+        checkpointed are not scanned again: a message equal to one redacted for an earlier
+        checkpoint reuses that result (compared with a copy of the message as it was then, so
+        one changed in place since is scanned again), so the cost per checkpoint stays that of
+        the new messages."""
         fn = self.redactor
         assert fn is not None
+        self._redacting = None
         if state is not None:
             key = self.conversation_key
             out = dict(fn({k: v for k, v in state.items() if k != key}))
             msgs = state.get(key)
             if isinstance(msgs, list):
                 given, done = self._redacted
-                k = len(given)
-                if not (k <= len(msgs) and msgs[:k] == given):  # in C, identity first
-                    k = 0
+                k = same_prefix(msgs, given)
                 red = done[:k] + [fn(m) for m in msgs[k:]]
-                self._redacted = (list(msgs), red)
+                self._redacting = (msgs[k:], k, red)
                 out[key] = red
             elif msgs is not None:
                 out[key] = msgs  # checkpoint() refuses it with a clear error
@@ -982,31 +1098,49 @@ class Session:
     ) -> int:
         """How many leading messages equal the parent's conversation.
 
-        Compared against the list as it was last checkpointed, by identity first and then
-        by value, in C (``list ==``), so the per-step cost stays flat as the conversation
-        grows. Messages are treated as immutable once checkpointed: to change history,
-        replace a message object rather than mutating it in place.
+        Compared by content with copies of the messages as they were checkpointed (decoded
+        from the bytes written), not with the objects given then: a message changed in place
+        since (``msgs[-1]["content"] = "edited"``) is the same object, but no longer the same
+        message. The comparison is one ``list ==`` in C (dicts, lists and strings compare
+        there without calling back into Python), so a checkpoint costs O(n) comparisons but
+        stays far below encoding the conversation again. Messages of an immutable type (the
+        LangGraph saver's encoded strings) are kept as the objects given: one identity test.
+        A copy that compares unequal although the message encodes the same bytes (a ``nan``
+        inside) is not taken for a change.
         """
         if parent is None or head is None:
             return 0
         known = self._conv_objs
-        if known is None or len(known) != parent.length:
-            known = self._load_messages(parent)
+        if known is None or len(known.objs) != parent.length:
+            known = self._load_conversation(parent)
             self._conv_objs = known
-        n = min(len(known), len(msgs))
-        if (msgs[:n] == known) if n == len(known) else (msgs == known[:n]):  # one slice
-            return n
-        for i in range(n):
-            a, b = known[i], msgs[i]
-            if a is not b and a != b:
-                return i
-        return n  # pragma: no cover - the slice comparison above said they differ
+        objs, n = known.objs, min(len(known.objs), len(msgs))
+        i = same_prefix(msgs, objs)
+        while i < n and serde.encode(msgs[i]) == known.data[i]:  # equal after all
+            i += 1 + same_prefix(msgs[i + 1 : n], objs[i + 1 : n])
+        return i
 
     def label(self, ref: str, label: str | None) -> Checkpoint:
         cp = self.get(ref)
         self.check_may_write()
-        self._set_label(cp.id, label)
+        self._set_label(cp.id, self._redact_label(label))
         return cp
+
+    def _redact_label(self, label: str | None) -> str | None:
+        """A label is stored as given, in the record and the label index: scrubbed like a
+        message (a label holding a secret is renamed ``[REDACTED:<kind>]``)."""
+        fn = self.redactor
+        if label is None or fn is None:
+            return label
+        if isinstance(fn, Redactor):  # a label is not a checkpoint's content: not counted
+            pending = fn.counts.copy()
+            out = fn.scrub(label)
+            fn.counts = pending
+            return out
+        out = fn(label)
+        if not isinstance(out, str):
+            raise UsageError("the redactor returned a non-string for the checkpoint label")
+        return out
 
     def _set_label(self, ident: str, label: str | None) -> None:
         """A label names one checkpoint of the session: set on another, it moves there (as a

@@ -109,9 +109,43 @@ def _emit_checked(ctx: Ctx, bundle: Bundle) -> None:
     help="Also write the imported branch's files into DIR (new or empty), which then follows "
     "it. Without it, an imported session is bound to no directory until you name one.",
 )
+@click.option(
+    "--max-size",
+    metavar="SIZE",
+    help="Let the bundle expand to SIZE (e.g. 8GiB): all its contents, and the files one "
+    "checkpoint restores. Default 4 GiB and at most 1000x the file's size (64 MiB at least).",
+)
+@click.option(
+    "--max-files",
+    type=click.IntRange(min=1),
+    metavar="N",
+    help="Files, directories and symlinks one checkpoint may restore (default 250000).",
+)
+@click.option(
+    "--max-depth",
+    type=click.IntRange(min=1, max=4096),
+    metavar="N",
+    help="Directory nesting (default 256).",
+)
+@click.option(
+    "--max-path",
+    type=click.IntRange(min=1),
+    metavar="BYTES",
+    help="Bytes of a path below the workspace root (default 1024).",
+)
 @json_option
 @pass_ctx
-def import_cmd(ctx: Ctx, file: str, as_name: str | None, dry_run: bool, into: str | None) -> None:
+def import_cmd(
+    ctx: Ctx,
+    file: str,
+    as_name: str | None,
+    dry_run: bool,
+    into: str | None,
+    max_size: str | None,
+    max_files: int | None,
+    max_depth: int | None,
+    max_path: int | None,
+) -> None:
     """Import a bundle into this store (created here if there is none), into the session it
     was exported from (or a new one: --as NAME).
 
@@ -120,6 +154,10 @@ def import_cmd(ctx: Ctx, file: str, as_name: str | None, dry_run: bool, into: st
     2; a refused one (unsafe names, limits, ids this store has with other contents, a branch
     whose history differs here) exits 1. Records already here are skipped, so importing twice
     is harmless.
+
+    Limits bound what a bundle from someone else may cost (a few KiB can declare terabytes):
+    checked against what it declares before anything is decompressed. Raise them for a bundle
+    you trust with --max-size, --max-files, --max-depth and --max-path.
 
     The directory a bundle's files were snapshotted in is the sender's: it never decides
     where files are written here. Restore them by naming a directory: --into DIR, `stashpoint
@@ -131,10 +169,17 @@ def import_cmd(ctx: Ctx, file: str, as_name: str | None, dry_run: bool, into: st
       stashpoint import run.spb --as run-from-ci --into ../replay
       stashpoint fork <id> --into ../replay
     """
-    from ..bundle import import_bundle, manifest_keyed, read_bundle
+    from ..bundle import Limits, import_bundle, manifest_keyed, read_bundle
     from ..crypto import Cipher, key_from_env
     from ..integrity import ChainHasher
+    from ..upkeep import parse_size
 
+    limits = Limits().raised(
+        size=parse_size(max_size) if max_size is not None else None,
+        files=max_files,
+        depth=max_depth,
+        path=max_path,
+    )
     # Check the bundle before touching (or creating) a store. The CLI's only key is the
     # encryption key ($STASHPOINT_KEY), whose derived MAC key seals the chain of an encrypted
     # store: a bundle exported from one verifies under the same key. An unkeyed bundle is
@@ -143,7 +188,7 @@ def import_cmd(ctx: Ctx, file: str, as_name: str | None, dry_run: bool, into: st
     keyed = env_key is not None and manifest_keyed(file) is not False
     hasher = ChainHasher(Cipher(env_key).mac_key) if keyed and env_key else ChainHasher()
     with ByteProgress("checking", enabled=not ctx.json) as progress:
-        bundle = read_bundle(file, hasher=hasher, progress=progress)
+        bundle = read_bundle(file, hasher=hasher, limits=limits, progress=progress)
     with bundle:
         branch = _into_branch(bundle, into) if into is not None else None
         if not dry_run:

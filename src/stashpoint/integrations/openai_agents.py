@@ -197,17 +197,23 @@ class StashpointSession:
 
         ``run`` is the result (or ``result.to_state()``); ``to_json`` goes to the SDK's
         ``RunState.to_json`` (``context_serializer``, ...). The state is recorded in a
-        checkpoint (kind ``paused``) together with the conversation it belongs to: it is
-        resumable while the conversation is still that one, so once the resumed run adds its
-        items it is spent, and rewinding or forking to that checkpoint brings it back.
+        checkpoint (kind ``paused``) together with the conversation it belongs to, and stays
+        resumable until one process claims it with :meth:`load_run_state` or the conversation
+        moves on; rewinding or forking to that checkpoint brings it back. A run that is not
+        paused (no interruptions) is refused: resuming it would call the model again.
         """
         state = run if isinstance(run, RunState) else run.to_state()
+        interruptions = state.get_interruptions()
+        if not interruptions:
+            raise UsageError(
+                "this run is not paused (it has no interruptions): there is nothing to resume"
+            )
         data = state.to_json(**to_json)
-        waiting = sorted({str(i.tool_name or "tool") for i in state.get_interruptions()})
+        waiting = sorted({str(i.tool_name or "tool") for i in interruptions})
 
         def save(current: dict[str, Any]) -> _Write:
             saved = {"conversation": list(_conversation_id(self.stash.head)), "state": data}
-            message = "agents run paused" + (f": awaiting {', '.join(waiting)}" if waiting else "")
+            message = "run paused" + (f": awaiting {', '.join(waiting)}" if waiting else "")
             return {**current, RUN_STATE_KEY: saved}, message, {"awaiting": waiting}
 
         cp = await _settled(self._call(lambda: self._rewrite(save, "paused")))
@@ -215,13 +221,21 @@ class StashpointSession:
         return cp
 
     async def load_run_state(
-        self, agent: Agent[Any], **from_json: Any
+        self, agent: Agent[Any], *, claim: bool = True, **from_json: Any
     ) -> RunState[Any, Agent[Any]] | None:
         """The run :meth:`save_run_state` kept with the current conversation, ready to approve
-        and pass to ``Runner.run(agent, state, session=self)``; None when there is none, or
-        when the conversation has moved on since (the run was resumed, or another writer
-        added items). ``agent`` is the run's starting agent; ``from_json`` goes to
-        ``RunState.from_json`` (``context_override``, ...)."""
+        and pass to ``Runner.run(agent, state, session=self)``; None when there is none, when
+        the conversation has moved on since, or when another process claimed it first.
+
+        Loading claims the run (``claim=False`` only looks): one checkpoint removes it from
+        the session's state, committed only on the head it was read from, so of two
+        processes resuming the same paused run at once exactly one gets it and the approved
+        tool runs once. A process that dies after claiming it leaves it in the ``paused``
+        checkpoint: rewind (or fork) there to resume it again.
+
+        ``agent`` is the run's starting agent; ``from_json`` goes to ``RunState.from_json``
+        (``context_override``, ...). A saved run this agent cannot resume raises UsageError
+        and is not claimed."""
 
         def read() -> Any:
             head, state = self._read()
@@ -230,12 +244,30 @@ class StashpointSession:
                 _conversation_id(head)
             ):
                 return None
-            return copy.deepcopy(saved["state"])
+            return copy.deepcopy(saved)
 
-        data = await self._call(read)
-        if data is None:
+        saved = await self._call(read)
+        if saved is None:
             return None
-        return await RunState.from_json(agent, data, **from_json)
+        try:
+            state = await RunState.from_json(agent, saved["state"], **from_json)
+        except Exception as exc:  # the SDK's UserError, a missing agent or tool, ...
+            raise UsageError(
+                f"the run paused in session {self.session_id!r} cannot be resumed with agent "
+                f"{getattr(agent, 'name', agent)!r}: {exc}"
+            ) from exc
+        if not claim:
+            return state
+
+        def take(current: dict[str, Any]) -> _Write | None:
+            moved = saved["conversation"] != list(_conversation_id(self.stash.head))
+            if moved or current.get(RUN_STATE_KEY) != saved:
+                return None  # claimed by another process, or the conversation moved on
+            rest = {k: v for k, v in current.items() if k != RUN_STATE_KEY}
+            return rest, f"run resumed (process {os.getpid()})", {"resumed": True}
+
+        cp = await _settled(self._call(lambda: self._rewrite(take, "approval")))
+        return state if cp is not None else None
 
     # -- the SDK's compaction hooks --------------------------------------------------------
     async def _get_compaction_snapshot(

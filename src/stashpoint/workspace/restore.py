@@ -37,12 +37,13 @@ from pathlib import Path
 from .._fsutil import TMP_MARK, sweep_temp_files
 from ..errors import (
     RestoreBlocked,
+    RestoreImpossible,
     StashpointError,
 )
 from ..model import TreeEntry
 from .tree import TreeReader, validate_name
 
-__all__ = ["RestoreBlocked", "RestoreStats", "Restorer", "clean_temp_files"]
+__all__ = ["RestoreBlocked", "RestoreImpossible", "RestoreStats", "Restorer", "clean_temp_files"]
 
 _CLOEXEC = getattr(os, "O_CLOEXEC", 0)
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | _CLOEXEC
@@ -119,6 +120,11 @@ if hasattr(os, "register_at_fork"):
 _PREFETCH_BYTES = 64 << 20
 """Content read ahead by one restore, at most."""
 _PREFETCH_MAX_FILE = 1 << 20
+
+
+_PERMANENT = frozenset(
+    {errno.ENAMETOOLONG, errno.ELOOP, errno.EILSEQ, errno.EINVAL, errno.EMLINK, errno.EFBIG}
+)
 
 
 @dataclass
@@ -199,6 +205,13 @@ class Restorer:
         except OSError as exc:
             # A write's error names no file (a full disk): the path being restored does.
             where = os.fsdecode(self._at) if self._at else os.fsdecode(exc.filename or b"?")
+            if exc.errno in _PERMANENT:
+                shown = where if len(where) <= 160 else f"{where[:80]}...{where[-60:]}"
+                raise RestoreImpossible(
+                    f"cannot restore {shown} ({len(os.fsencode(where))} bytes): "
+                    f"{exc.strerror or exc}; this filesystem cannot hold it, so the restore "
+                    "was undone"
+                ) from exc
             raise StashpointError(
                 f"restore failed at {where}: {exc.strerror or exc}; "
                 "run the command again to complete it"
