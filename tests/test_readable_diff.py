@@ -194,14 +194,15 @@ def test_web_ui_diff_page_shows_them_escaped(thread: Any) -> None:
         page = c.get(f"/s/lg:t/diff?a={a}&b={b}").text
     assert not PACKED.search(page), page
     assert "<b>world</b>" not in page
-    assert "  - user: hello &lt;b&gt;world&lt;/b&gt;</span>" in page
-    assert "<span class='add'>  + user: hello again</span>" in page
-    assert "<span class='add'>+ [2] assistant: reply 1</span>" in page
-    assert (
-        "<span class='del'>- [1] assistant: reply 0 → "
-        "search({&quot;q&quot;: &quot;tides&quot;})</span>" in page
+    edited = page[page.index("<div class='edited'>") :]
+    assert "hello &lt;b&gt;world&lt;/b&gt;" in edited and "hello again" in edited
+    added = re.findall(r"<div class='msg added'>(.*?)</div></div>", page, re.S)
+    removed = re.findall(r"<div class='msg removed'>(.*?)</div></div>", page, re.S)
+    assert any("assistant" in m and "reply 1" in m for m in added)
+    assert any(
+        "reply 0" in m and "search({&quot;q&quot;: &quot;tides&quot;})" in m for m in removed
     )
-    assert "<span class='add'>+ [&#x27;read&#x27;, &#x27;step 1&#x27;]</span>" in page
+    assert "<td class='add'><code>[&#x27;read&#x27;, &#x27;step 1&#x27;]</code></td>" in page
 
 
 def test_plain_session_pairs_messages_by_position_and_decodes_values(
@@ -282,3 +283,19 @@ def test_messages_of_each_framework_render_as_role_and_text(
         'assistant: checking → weather({"city": "Oslo"})',
         "tool result: [weather] rain",
     ]
+
+
+def test_web_ui_checkpoint_page_shows_the_thread_decoded(thread: Any) -> None:
+    """The checkpoint page of a LangGraph record: its conversation as a chat with the tool
+    call, its channels decoded, no base64 of the saver's packed values."""
+    home, _a, b = thread
+    with stashpoint.open(home) as store:
+        app = create_app(store, token=TOKEN, port=8765, root=None)
+        c = TestClient(app, base_url="http://127.0.0.1:8765", follow_redirects=False)
+        c.get(f"/?token={TOKEN}")
+        page = c.get(f"/s/lg:t/c/{b}").text
+        first = c.get(f"/s/lg:t/c/{_a}").text
+    chat = page[page.index("<div class='chat'>") :]
+    assert not PACKED.search(chat) and "reply 1" in chat and "hello again" in chat
+    assert "<span class='key'>plan</span>" in page and "step 1" in page
+    assert "search({&quot;q&quot;: &quot;tides&quot;})" in first

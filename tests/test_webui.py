@@ -109,13 +109,15 @@ def test_pages_show_sessions_tree_state_files_and_diffs_escaped(world: Any) -> N
     for ident in ids:
         assert f"/s/main/c/{ident}" in tree
     assert "try-b" in tree and "main" in tree
-    assert tree.count("<ul class='tree'>") >= 2  # the fork opens a nested line
-    pos = [tree.index(f"/s/main/c/{ids[2]}"), tree.index("on b"), tree.index(f"/s/main/c/{ids[0]}")]
-    assert pos == sorted(pos)  # the head's line runs on the left; the fork sits above its base
-    assert "<ul class='tree'>" in tree[tree.index(f"/s/main/c/{ids[1]}") : pos[1]]
+    lane = {}  # the x of each row's node in its lane drawing
+    for row in re.findall(r"<tr id='r-([0-9A-Z]+)'>(.*?)</tr>", tree):
+        lane[row[0]] = re.search(r"<circle [^>]*cx='(\d+)'", row[1]).group(1)  # type: ignore[union-attr]
+    on_b = next(cp.id for cp in store.session("main").history() if cp.message == "on b")
+    assert lane[ids[0]] == lane[ids[1]] == lane[ids[2]] != lane[on_b]  # the fork: a lane
+    assert "<span class='headmark'>HEAD</span>" in tree and "<span class='branch'>try-b" in tree
     cp = c.get(f"/s/main/c/{ids[2]}").text
     assert "&lt;b&gt;write&lt;/b&gt;" in cp and "<b>write</b>" not in cp  # state is escaped
-    assert "notes.txt" in cp and "restore files + state" in cp
+    assert "notes.txt" in cp and "rewind files + state" in cp
     diff = c.get(f"/s/main/diff?a={ids[0]}&b={ids[2]}").text
     assert "<span class='add'>+two</span>" in diff
     assert "+three &lt;script&gt;" in diff and "<script>" not in diff
@@ -282,17 +284,19 @@ def test_stashpoint_ui_in_a_headless_browser(sp: Any, tmp_path: Path) -> None:
             page.goto(url)  # the printed URL: token -> cookie, then the sessions page
             assert "token=" not in page.url
             page.click("text=main")
-            page.click("li:has-text('first draft') >> a.id")
+            page.click("tr:has-text('first draft') >> a.id")
             assert first[:12] in page.content()
-            page.click("text=diff with HEAD")
+            page.click("text=compare with HEAD")
             assert "draft 2: rm -rf everything" in page.content()
             page.go_back()
+            page.click("text=rewind files + state…")
+            assert "1 file(s)" in page.content() and "safety checkpoint" in page.content()
             with page.expect_navigation():
-                page.click("button:has-text('restore files + state')")
+                page.click("button:has-text('rewind now')")
             assert "/s/main/c/" in page.url and "Rewound to this checkpoint" in page.content()
             page.click("text=restore it to undo >> xpath=.. >> css=a")  # the safety checkpoint
             bad = "draft 2: rm -rf everything\n"
-            assert f"<td>{len(bad)}</td>" in page.content()  # it holds the undone version
+            assert f"{len(bad)} B" in page.content()  # it holds the undone version
             page.screenshot(path=str(tmp_path / "ui.png"), full_page=True)
             browser.close()
         assert (ws / "plan.md").read_text() == "draft 1\n"  # restored on disk
