@@ -166,3 +166,16 @@ def test_only_changed_messages_are_rendered_and_json_is_cut(
 def test_value_text_of_messages_and_models_stays_one_line(n: int) -> None:
     msgs = [{"role": "tool", "content": "a\nb", "tool_calls": []}] * n
     assert "\n" not in value_text(msgs) and value_text(msgs).startswith("[3 messages]")
+
+
+def test_a_lone_surrogate_in_a_checkpoint_message_is_stored_as_a_replacement(
+    tmp_path: Path,
+) -> None:
+    """A tool's broken output quoted in a message (the Agents adapter does this) used to make
+    the checkpoint fail with a bare UnicodeEncodeError."""
+    broken = json.loads('"cut \\ud83d here"')
+    with stashpoint.open(tmp_path / "st") as store:
+        run = store.session("s")
+        cp = run.checkpoint({"note": broken}, message=f"said {broken}")
+        assert run.get(cp.id).message == "said cut \ufffd here"
+        assert run.state(cp.id)["note"] == broken  # the state keeps it exactly

@@ -786,6 +786,8 @@ class Session:
                 append_messages = [self.redactor(m) for m in append_messages]
             state, message, meta = self._redact(state, message, meta)
             label = self._redact_label(label)
+        if message is not None:
+            message = _unicode_text(message)
         if append_messages is not None:
             added = [serde.encode(m) for m in append_messages]  # once, for every attempt
         ws_ref: WorkspaceRef | None = None
@@ -2080,6 +2082,17 @@ def checkpoint_json(cp: Checkpoint, labels: Mapping[str, str] | None = None) -> 
     if labels is not None:  # the current label (a deleted one is gone; the record keeps its
         d["label"] = labels.get(cp.id)  # creation label, which only history shows)
     return msgspec.to_builtins(d)  # type: ignore[no-any-return]
+
+
+def _unicode_text(text: str) -> str:
+    """``text`` storable as UTF-8: a lone surrogate (from ``json.loads`` of a tool's broken
+    output, which an integration may quote in a checkpoint message) becomes U+FFFD, as a
+    decoder would show it. Messages describe checkpoints; state values keep theirs exactly."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return text.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
+    return text
 
 
 def _check_name(kind: str, name: str) -> None:
