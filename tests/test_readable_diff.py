@@ -299,3 +299,17 @@ def test_web_ui_checkpoint_page_shows_the_thread_decoded(thread: Any) -> None:
     assert not PACKED.search(chat) and "reply 1" in chat and "hello again" in chat
     assert "<span class='key'>plan</span>" in page and "step 1" in page
     assert "search({&quot;q&quot;: &quot;tides&quot;})" in first
+
+
+def test_cli_show_prints_the_thread_decoded(thread: Any) -> None:
+    """``show --json`` of a LangGraph record gives the channels and messages as values, not
+    the saver's packed (base64) bytes."""
+    home, _a, b = thread
+    got = CliRunner().invoke(cli, ["--store", str(home), "--session", "lg:t", "--json", "show", b])
+    assert got.exit_code == 0, got.output
+    data = json.loads(got.output)
+    assert not PACKED.search(json.dumps(data["state"])), data["state"]
+    assert data["state"]["count"] == 2
+    assert data["state"]["plan"] == ["read", "step 1"]
+    texts = [m.get("content") for m in data["state"]["messages"]]
+    assert texts == ["hello again", LONG, "reply 1"]

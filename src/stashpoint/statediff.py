@@ -524,6 +524,23 @@ def _opt(value: Any) -> str | None:
     return value if isinstance(value, str) and value else None
 
 
+def readable_state(s: Session, cp: Checkpoint) -> tuple[list[Any] | None, dict[str, Any]]:
+    """(conversation, other state values) as a reader wants them. A LangGraph record keeps
+    each channel and message as the saver packed them (base64): they are decoded the way
+    ``Session.diff`` decodes them, and the saver's bookkeeping values are left out."""
+    state = s.state(cp)
+    messages = state.pop(s.conversation_key, None)
+    from .integrations import langgraph_values as lgv
+
+    if not lgv.is_langgraph(cp):
+        return (messages if isinstance(messages, list) else None), state
+    blobs = s.store.blobs
+    values = {k: lgv.load_ref(ref, blobs) for k, ref in lgv.channel_refs(cp, blobs).items()}
+    if isinstance(messages, list):
+        messages = [lgv.decode_text(m) for m in messages]
+    return (messages if isinstance(messages, list) else None), values
+
+
 # -- values as text and JSON -------------------------------------------------------------------
 
 

@@ -327,7 +327,7 @@ def show(ctx: Ctx, ref: str, list_files: bool, artifact: str | None, output: str
       stashpoint show HEAD --json
       stashpoint show HEAD~1 --artifact weights -o /tmp/weights-before.bin
     """
-    from ..serde import to_tree
+    from ..statediff import jsonable, readable_state
 
     session = ctx.session(files=False)
     if artifact is not None or output is not None:
@@ -338,7 +338,10 @@ def show(ctx: Ctx, ref: str, list_files: bool, artifact: str | None, output: str
 
     data = _cp_json(session, cp)
     try:
-        data["state"] = to_tree(session.state(cp))
+        messages, values = readable_state(session, cp)  # LangGraph's channels decoded
+        if messages is not None:
+            values[session.conversation_key] = messages
+        data["state"] = jsonable(values)
     except PrunedError:  # the record stays for the hash chain; its contents were released
         data["state"], data["pruned"], list_files = None, True, False
     data["durability"] = session.store.durability_report(session.durability)

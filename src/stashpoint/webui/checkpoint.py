@@ -9,13 +9,12 @@ import stat
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from ..statediff import render_message, short_text
+from ..statediff import readable_state, render_message, short_text
 from .data import (
     effects_in,
     journal_entries,
     list_dir,
     read_file,
-    readable_state,
     search_files,
 )
 from .render import Frame, cp_url, dumps, e, q, s_url, short
