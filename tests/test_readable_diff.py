@@ -31,8 +31,8 @@ import stashpoint
 import stashpoint.aio
 from stashpoint.cli import cli
 from stashpoint.integrations.langgraph import StashpointSaver, _pack
-from stashpoint.integrations.langgraph_values import decode_text
 from stashpoint.integrations.pydantic_ai import MessageHistory
+from stashpoint.langgraph_values import decode_text
 from stashpoint.statediff import ValueChange, render_message
 from stashpoint.webui import create_app
 

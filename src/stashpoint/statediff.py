@@ -4,7 +4,7 @@ conversation as messages added, removed and edited, each with its role and text.
 Why a module of its own: the CLI, the web UI and :meth:`Session.diff` show the same thing, and
 the stored form is not readable as it is. A LangGraph thread keeps each channel and message as
 LangGraph's serializer wrote it (base64 in the state), so a raw diff is a wall of base64;
-:mod:`stashpoint.integrations.langgraph_values` decodes those, and :func:`render_message`
+:mod:`stashpoint.langgraph_values` decodes those, and :func:`render_message`
 turns the message shapes of the frameworks stashpoint works with (chat dicts, LangChain
 messages, OpenAI Agents items, Pydantic AI messages) into a role and a text.
 
@@ -190,7 +190,7 @@ class CheckpointDiff:
 
 def compare(session: Session, ca: Checkpoint, cb: Checkpoint) -> CheckpointDiff:
     """The diff :meth:`Session.diff` returns (both checkpoints already checked)."""
-    from .integrations import langgraph_values as lgv
+    from . import langgraph_values as lgv
 
     out = CheckpointDiff(ca, cb)
     blobs = session.store.blobs
@@ -530,7 +530,7 @@ def readable_state(s: Session, cp: Checkpoint) -> tuple[list[Any] | None, dict[s
     ``Session.diff`` decodes them, and the saver's bookkeeping values are left out."""
     state = s.state(cp)
     messages = state.pop(s.conversation_key, None)
-    from .integrations import langgraph_values as lgv
+    from . import langgraph_values as lgv
 
     if not lgv.is_langgraph(cp):
         return (messages if isinstance(messages, list) else None), state
