@@ -14,6 +14,8 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
+from ..urls import parse_store_url  # standard library only: cheap at start-up
+
 if TYPE_CHECKING:
     from .._store import Store
     from ..session import Session
@@ -197,12 +199,7 @@ def short(ident: str | None) -> str:
 
 def local_path(url: str) -> Path | None:
     """The path on this machine's disk that ``url`` names, or None for a server store."""
-    path = url
-    for scheme in ("sqlite://", "file://"):
-        if url.startswith(scheme):
-            path = url[len(scheme) :]
-    path = path.split("?", 1)[0]
-    return None if "://" in path else Path(path).expanduser()
+    return parse_store_url(url).path
 
 
 def missing_local_store(url: str) -> bool:
