@@ -139,7 +139,7 @@ PG_CONNECT_TIMEOUT = Setting(
     "pg_connect_timeout",
     ("PGCONNECT_TIMEOUT",),
     argument="?connect_timeout= in the URL",
-    help="libpq's connection timeout; stashpoint sets 10 s when neither is given",
+    help="libpq's connection timeout; stashpoint sets 5 s when neither is given",
 )
 
 SETTINGS: tuple[Setting, ...] = (

@@ -75,8 +75,8 @@ class Backend:
     blobs: bool | str = True
     """True when the store may keep large blobs in an external blob store (``blobs=``);
     otherwise the reason it may not, shown to whoever asks for one."""
-    label: str = ""
-    """How the scheme is named in messages (default ``scheme://``)."""
+    label: str | None = None
+    """How the scheme is named in messages (None: ``scheme://``; "": an alias, not named)."""
 
     def open(self, url: StoreURL) -> Opened:
         opener = self.opener
