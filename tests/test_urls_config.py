@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import json
 import os
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -15,6 +16,10 @@ from stashpoint.durability import Durability
 from stashpoint.errors import UsageError
 from stashpoint.stores import registry
 from stashpoint.urls import StoreURL, parse_store_url
+
+from .conftest import Result
+
+Sp = Callable[..., Result]
 
 # -- urls ------------------------------------------------------------------------------------
 
@@ -42,6 +47,19 @@ def test_url_home_and_absolute_form(tmp_path: Path) -> None:
     rel = parse_store_url("sqlite://rel?blobs=s3://b/x").absolute()
     assert rel == f"sqlite://{os.path.abspath('rel')}?blobs=s3://b/x"
     assert parse_store_url("redis://h/0").absolute() == "redis://h/0"
+
+
+def test_hook_logs_beside_a_broken_store_named_by_its_db(sp: Sp, tmp_path: Path) -> None:
+    """The CLI finds a store's directory from its URL as the library does: ``store.db`` is
+    the database of the directory it is in (the hook once looked for ``store.db.d``)."""
+    db = tmp_path / "proj" / ".stashpoint" / "store.db"
+    db.parent.mkdir(parents=True)
+    db.write_bytes(b"this is not a database" * 100)
+    proj = db.parent.parent
+    payload = json.dumps({"session_id": "x", "hook_event_name": "Stop", "cwd": str(proj)})
+    res = sp("--store", str(db), "hooks", "run", "claude-code", cwd=proj, input=payload)
+    assert res.code == 0 and res.out == ""
+    assert "FAILED" in (db.parent / "hooks.log").read_text()
 
 
 # -- the backend registry --------------------------------------------------------------------

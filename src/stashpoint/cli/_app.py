@@ -14,8 +14,6 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from ..urls import parse_store_url  # standard library only: cheap at start-up
-
 if TYPE_CHECKING:
     from .._store import Store
     from ..session import Session
@@ -199,6 +197,8 @@ def short(ident: str | None) -> str:
 
 def local_path(url: str) -> Path | None:
     """The path on this machine's disk that ``url`` names, or None for a server store."""
+    from ..urls import parse_store_url  # here, not at the top: for the CLI's start-up time
+
     return parse_store_url(url).path
 
 

@@ -28,7 +28,6 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from ..urls import parse_store_url
 from . import cli
 from ._app import STORE_DIR, Ctx, emit, json_option, short
 
@@ -131,6 +130,8 @@ def _hook_command(ctx: Ctx, agent: str, prefix: str | None) -> str:
     """The command line the agent runs. By default the absolute path of this interpreter, so
     the hook works whatever PATH the agent's shell has (a virtualenv that is not activated)."""
     import shlex
+
+    from ..urls import parse_store_url  # here, not at the top: for the CLI's start-up time
 
     parts = [prefix or f"{shlex.quote(sys.executable)} -m stashpoint"]
     if ctx.store_url:
@@ -604,6 +605,8 @@ def run(ctx: Ctx, agent: str, args: tuple[str, ...], then: str | None) -> None:
     """
     import time
 
+    from ..urls import parse_store_url  # here, not at the top: for the CLI's start-up time
+
     started = time.monotonic()
     hook = _HookRun(ctx, agent)
     # Library logging (psycopg_pool retrying a connection ...) would reach stderr through
@@ -872,6 +875,8 @@ class _HookRun:
                 url = self.ctx.locate(create=True)[0]
             except Exception:
                 url = None
+        from ..urls import parse_store_url  # here, not at the top: for the CLI's start-up time
+
         home = parse_store_url(url).home if url else None
         if home is not None and home.is_dir():
             return home / LOG_NAME
