@@ -19,6 +19,7 @@ Only the standard library (``tomllib`` on first use): the CLI may import this at
 
 from __future__ import annotations
 
+import functools
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -191,36 +192,29 @@ def value(
     return resolve(setting, given, stored=stored, root=root).value
 
 
-_tables: dict[Path, tuple[tuple[int, int], dict[str, Any]]] = {}
-
-
 def project_table(root: Path | None = None) -> dict[str, Any]:
     """``[tool.stashpoint]`` of ``pyproject.toml`` in ``root`` (or the current directory);
-    {} when there is none. Read again only when the file changes (one ``stat`` per call)."""
+    {} when there is none. The file is read on every call (a few microseconds) and parsed
+    again only when its text changed."""
     path = (root or Path.cwd()) / "pyproject.toml"
-    try:
-        st = path.stat()
-    except OSError:
-        return {}
-    stamp = (st.st_mtime_ns, st.st_size)
-    cached = _tables.get(path)
-    if cached is not None and cached[0] == stamp:
-        return dict(cached[1])
     try:
         text = path.read_text(encoding="utf-8")
     except OSError:
         return {}
-    section: Any = {}
-    if "stashpoint" in text:  # most projects: no section, and no TOML parser to import
-        try:
-            import tomllib
-        except ModuleNotFoundError:  # pragma: no cover - Python 3.10
-            return {}
-        try:
-            data = tomllib.loads(text)
-        except tomllib.TOMLDecodeError as exc:
-            raise UsageError(f"{path}: {exc}") from exc
-        section = data.get("tool", {}).get("stashpoint", {})
-    table = section if isinstance(section, dict) else {}
-    _tables[path] = (stamp, table)
-    return dict(table)
+    if "stashpoint" not in text:  # most projects: no section, and no TOML parser to import
+        return {}
+    return dict(_parse(str(path), text))
+
+
+@functools.lru_cache(maxsize=8)
+def _parse(path: str, text: str) -> dict[str, Any]:
+    try:
+        import tomllib
+    except ModuleNotFoundError:  # pragma: no cover - Python 3.10
+        return {}
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise UsageError(f"{path}: {exc}") from exc
+    section = data.get("tool", {}).get("stashpoint", {})
+    return section if isinstance(section, dict) else {}
