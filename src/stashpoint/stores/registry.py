@@ -44,6 +44,7 @@ __all__ = [
     "get_backend",
     "known_schemes",
     "register_backend",
+    "unregister_backend",
 ]
 
 ENTRY_POINT_GROUP = "stashpoint.backends"
