@@ -11,7 +11,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ._fsutil import mkdir_private, sweep_temp_files
 from .blobs.backend import BlobBackend
 from .blobs.local import LocalBlobStore
 from .blobs.objects import Blobs
@@ -20,16 +19,16 @@ from .errors import IntegrityError, NotFoundError, StoreError, UsageError
 from .integrity import ChainHasher
 from .model import Checkpoint
 from .stores.base import CheckpointRow, MetadataStore
+from .stores.registry import get_backend, ignore_store_dir
+from .urls import DEFAULT_DIR, parse_store_url
 
 if TYPE_CHECKING:
     from .crypto import Cipher
     from .lease import Lease
     from .session import Session
 
-__all__ = ["DEFAULT_DIR", "Store", "open_store"]
+__all__ = ["DEFAULT_DIR", "Store", "ignore_store_dir", "open_store"]
 
-DEFAULT_DIR = ".stashpoint"
-_DB_NAME = "store.db"
 ENCRYPTION_META = "encryption"
 """Store meta key marking an encrypted store: cipher, KDF and key id (never the key)."""
 
@@ -383,101 +382,39 @@ def open_store(
             os.fspath(mirror),
             lambda u: open_store(u, key=key, encryption_key=encryption_key),
         )
-    text = os.fspath(url) if url is not None else DEFAULT_DIR
-    text, blobs = _take_param(text, "blobs", blobs)
-    text, in_url = _take_param(text, "durability", None)
+    parsed = parse_store_url(url, blobs=blobs)
     level = Durability.parse(durability) if durability is not None else None
-    if in_url is not None:
-        if level is not None and level != Durability.parse(in_url):
-            raise UsageError(f"two durability levels given: {in_url!r} in the URL and {level}")
-        level = Durability.parse(in_url)
-    kw: dict[str, Any] = {"key": key, "encryption_key": encryption_key, "durability": level}
-    if text.startswith("memory://"):
-        from .stores.memory import MemoryStore
-
-        ms = MemoryStore()
-        return Store(ms, blob_store=_blob_store(ms, blobs), **kw)
-    if text.startswith(("postgresql://", "postgres://")):
-        from .stores.postgres import PostgresStore
-
-        pg = PostgresStore(text)  # blobs in the database (or S3): shared by all
-        return Store(pg, blob_store=_blob_store(pg, blobs), **kw)
-    if blobs is not None and text.startswith(("redis://", "rediss://", "unix://")):
-        raise UsageError(
-            "a Redis store keeps every blob in Redis: its garbage collection cannot delete "
-            "S3 objects atomically with their marks; use SQLite or PostgreSQL with S3 blobs"
-        )
-    if text.startswith(("redis://", "rediss://", "unix://")):
-        from .stores.redis import RedisStore
-
-        return Store(RedisStore(text), **kw)
-    if text.startswith("file://"):
-        if blobs is not None:
-            raise UsageError("a file:// store keeps its blobs in its own directory")
-        return _open_file_store(text[len("file://") :], kw)
-    if text.startswith("sqlite://"):
-        text = text[len("sqlite://") :] or DEFAULT_DIR  # sqlite:///abs/path -> /abs/path
-    elif "://" in text:
-        scheme = text.split("://", 1)[0]
-        raise UsageError(
-            f"unsupported store URL scheme {scheme!r}: this build knows sqlite:// (default, "
-            "or a plain path), file://, postgresql://, redis:// and memory://"
-        )
-    path = Path(text).expanduser()
-    from .stores.sqlite import SqliteStore
-
-    if path.name == _DB_NAME and not (path.parent / (_DB_NAME + ".d")).exists():
-        # The database of a store directory, named by the URL the store reports: the same
-        # store, so the same blob directory and locks (a GC opened this way once saw another
-        # blob directory, thought itself alone, and freed blobs a writer was about to use).
-        db, home = path, path.parent
-    elif path.suffix in (".db", ".sqlite", ".sqlite3"):
-        db, home = path, path.parent / (path.name + ".d")
-    else:
-        db, home = path / _DB_NAME, path
-    _refuse_foreign_directory(home, db)
+    if parsed.durability is not None:
+        in_url = Durability.parse(parsed.durability)
+        if level is not None and level != in_url:
+            raise UsageError(
+                f"two durability levels given: {parsed.durability!r} in the URL and {level}"
+            )
+        level = in_url
+    backend = get_backend(parsed.scheme)
+    if parsed.blobs is not None and backend.blobs is not True:
+        raise UsageError(str(backend.blobs))
+    opened = backend.open(parsed)
     try:
-        mkdir_private(home)  # and any parent it creates: 0700 too
-        ignore_store_dir(home)
-        # Cheap places only; `verify` sweeps the whole blob directory.
-        sweep_temp_files(home, recursive=False)
-        sweep_temp_files(home / "cache", recursive=False)
-        sweep_temp_files(home / "blobs" / "packs", recursive=False)
-    except OSError as exc:
-        raise StoreError(f"cannot open store directory {home}: {exc.strerror}") from exc
-    sq = SqliteStore(db)
-    try:
-        s3 = _blob_store(sq, blobs)
+        # Whether asked for or recorded in the store by an earlier open: the same rule for all.
+        s3 = _blob_store(opened.meta, parsed.blobs) if backend.blobs is True else None
     except BaseException:
-        sq.close()
+        opened.meta.close()
         raise
-    store = Store(sq, blob_dir=home / "blobs", home=home.resolve(), blob_store=s3, **kw)
-    if db.parent != home:  # agent.db beside agent.db.d/: the database and its side files too
-        db = db.resolve()
-        sides = ("", "-wal", "-shm", "-journal", "-writers")
-        store.own_paths += tuple(db.with_name(db.name + side) for side in sides)
+    store = Store(
+        opened.meta,
+        blob_dir=opened.blob_dir,
+        home=opened.home,
+        blob_store=s3,
+        key=key,
+        encryption_key=encryption_key,
+        durability=level,
+    )
+    store.own_paths += opened.own_paths
     return store
 
 
 _BLOBS_KEY = "blobs_url"
-
-
-def _take_param(text: str, name: str, given: str | None) -> tuple[str, str | None]:
-    """Take ``name=…`` out of a store URL's query (other parameters stay as written)."""
-    base, sep, query = text.partition("?")
-    if not sep or f"{name}=" not in query:
-        return text, given
-    from urllib.parse import unquote
-
-    keep, found = [], None
-    for part in query.split("&"):
-        if part.startswith(f"{name}="):
-            found = unquote(part[len(name) + 1 :])
-        else:
-            keep.append(part)
-    if given is not None and found is not None and found != given:
-        raise UsageError(f"two values for {name} given: {found!r} in the URL and {given!r}")
-    return (base + "?" + "&".join(keep) if keep else base), given or found
 
 
 def _blob_store(meta: MetadataStore, blobs: str | None) -> BlobBackend | None:
@@ -509,64 +446,6 @@ def _blob_store(meta: MetadataStore, blobs: str | None) -> BlobBackend | None:
     if recorded is None:
         meta.set_meta(_BLOBS_KEY, s3.url.rstrip("/"))
     return s3
-
-
-def _open_file_store(text: str, kw: dict[str, Any]) -> Store:
-    """``file:///dir``: readable JSON documents (see :mod:`stashpoint.stores.files`)."""
-    from .stores.files import FileStore
-
-    if not text:
-        raise UsageError("file:// needs a directory, e.g. file:///home/me/checkpoints")
-    home = Path(text).expanduser()
-    meta = FileStore(home)  # creates the directory
-    try:
-        ignore_store_dir(home)
-        sweep_temp_files(home / "cache", recursive=False)
-        sweep_temp_files(home / "blobs" / "packs", recursive=False)
-    except OSError as exc:
-        raise StoreError(f"cannot open store directory {home}: {exc.strerror}") from exc
-    return Store(meta, blob_dir=home / "blobs", home=home.resolve(), **kw)
-
-
-_STORE_ENTRIES = frozenset(
-    {".gitignore", "blobs", "cache", "hooks.log", "locks", "notify.log", "tmp"}
-)
-
-
-def _refuse_foreign_directory(home: Path, db: Path) -> None:
-    """A new store needs a directory of its own: ``--store ../proj`` (a project, not its
-    ``.stashpoint``) put the store's files among the project's, where the store hid every
-    file of it from its own snapshots and its ``.gitignore`` hid them from git."""
-    if db.exists() or not home.is_dir():
-        return
-    try:
-        foreign = sorted(
-            p.name
-            for p in home.iterdir()
-            if p.name not in _STORE_ENTRIES and not p.name.startswith(db.name)
-        )
-    except OSError:
-        return
-    if foreign:
-        shown = ", ".join(foreign[:3]) + (", ..." if len(foreign) > 3 else "")
-        raise UsageError(
-            f"{home} holds other files ({shown}) and no stashpoint store: a store needs a "
-            f"directory of its own, e.g. {home / '.stashpoint'}"
-        )
-
-
-def ignore_store_dir(home: Path) -> None:
-    """A ``.gitignore`` of ``*`` in the store directory (as virtualenv does), so git,
-    ripgrep and editors skip it: in a git work tree ``git add -A`` committed the store."""
-    marker = home / ".gitignore"
-    if marker.exists():
-        return
-    try:
-        fd = os.open(marker, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)  # private, as all
-        with os.fdopen(fd, "w") as f:
-            f.write("# created by stashpoint: its store is never committed\n*\n")
-    except OSError:
-        pass  # a read-only or full disk: opening the store still works
 
 
 def config_hash(config: Any) -> str | None:

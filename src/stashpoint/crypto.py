@@ -30,6 +30,7 @@ import re
 import secrets
 from pathlib import Path
 
+from . import config
 from .errors import EncryptionKeyError, IntegrityError, StashpointWarning, UsageError
 
 __all__ = [
@@ -160,10 +161,10 @@ def key_from_env() -> bytes | None:
 
     A key file readable or writable by group or others draws a warning (chmod 600 it).
     """
-    value = os.environ.get(KEY_ENV)
+    value = config.value(config.KEY)
     if value:
         return parse_key(value, KEY_ENV)
-    path = os.environ.get(KEY_FILE_ENV)
+    path = config.value(config.KEY_FILE)
     if path:
         try:
             with Path(path).expanduser().open("rb") as f:

@@ -21,12 +21,12 @@ fsyncs every write, Redis persists as its server is configured, memory keeps not
 from __future__ import annotations
 
 import atexit
-import os
 import threading
 import weakref
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
+from . import config
 from .errors import UsageError
 
 if TYPE_CHECKING:
@@ -37,7 +37,7 @@ __all__ = ["DURABILITY_ENV", "DURABILITY_META", "Durability", "GroupCommit", "re
 DURABILITY_META = "durability"
 """Store meta key holding the store's default level."""
 
-DURABILITY_ENV = "STASHPOINT_DURABILITY"
+DURABILITY_ENV = config.DURABILITY.env[0]
 
 Level = Literal["fsync", "group", "exit"]
 
@@ -118,9 +118,11 @@ class Durability:
 
 
 def resolve(given: Durability | str | None, stored: str | None) -> Durability:
-    """A store's level: the one given (API or URL), else ``$STASHPOINT_DURABILITY``, else the
-    one recorded in the store (``stashpoint init --durability``), else ``fsync``."""
-    return Durability.parse(given or os.environ.get(DURABILITY_ENV) or stored or "fsync")
+    """A store's level: the one given (API or URL), else ``$STASHPOINT_DURABILITY``, else
+    ``durability`` in ``[tool.stashpoint]``, else the one recorded in the store (``stashpoint
+    init --durability``), else ``fsync`` (:mod:`stashpoint.config`)."""
+    found = config.value(config.DURABILITY, given or None, stored=stored or None)
+    return Durability.parse(found)
 
 
 class GroupCommit:

@@ -29,6 +29,7 @@ import urllib.request
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from . import config
 from .model import utc_now_iso
 
 if TYPE_CHECKING:
@@ -62,7 +63,7 @@ def payload(session: Session, pending: Pending, cp: Checkpoint | None) -> dict[s
     try:
         user = os.getlogin()
     except OSError:
-        user = os.environ.get("USER") or f"uid {os.getuid()}"
+        user = config.value(config.USER) or f"uid {os.getuid()}"
     args = _redacted(session, pending.args)
     doc = {
         "event": event,

@@ -39,6 +39,7 @@ from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any, Protocol
 
+from .config import project_table as load_config
 from .errors import UsageError
 from .secrets_rules import CONTEXT_RULES, Scanner
 
@@ -387,25 +388,6 @@ class Redactor:
         """One string with every secret replaced (the same object when none was found)."""
         out = self._scanner.scrub(text)
         return text if out == text else out
-
-
-def load_config(root: Path | None) -> dict[str, Any]:
-    """``[tool.stashpoint]`` of ``pyproject.toml`` in ``root`` (or the current directory)."""
-    path = (root or Path.cwd()) / "pyproject.toml"
-    try:
-        text = path.read_text(encoding="utf-8")
-    except OSError:
-        return {}
-    try:
-        import tomllib
-    except ModuleNotFoundError:  # pragma: no cover - Python 3.10
-        return {}
-    try:
-        data = tomllib.loads(text)
-    except tomllib.TOMLDecodeError as exc:
-        raise UsageError(f"{path}: {exc}") from exc
-    section = data.get("tool", {}).get("stashpoint", {})
-    return section if isinstance(section, dict) else {}
 
 
 def make_redactor(

@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING
 from .errors import (
     RestoreRefused,
 )
+from .urls import parse_store_url
 
 if TYPE_CHECKING:
     from ._store import Store
@@ -222,14 +223,7 @@ def undo_command(
 def _absolute_url(url: str) -> str:
     """A store URL whose local path is absolute (a relative path means nothing when the
     command is run from elsewhere)."""
-    if url.startswith("sqlite:///") and url.endswith("/store.db") and "?" not in url:
-        return url[len("sqlite://") : -len("/store.db")]  # a store directory: its path
-    for scheme in ("sqlite://", "file://"):
-        if url.startswith(scheme) and not url[len(scheme) :].startswith("/"):
-            return scheme + os.path.abspath(url[len(scheme) :])
-    if "://" not in url and not os.path.isabs(url):
-        return os.path.abspath(url)
-    return url
+    return parse_store_url(url).absolute()
 
 
 def _quote(path: Path) -> str:

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import base64
 import hashlib
-import os
 import re
 import threading
 from collections import OrderedDict
@@ -33,6 +32,7 @@ from contextlib import contextmanager
 from typing import Any
 from urllib.parse import urlsplit
 
+from .. import config as settings
 from ..errors import IntegrityError, PackMissing, StoreError, UsageError
 
 __all__ = ["S3BlobStore", "parse_s3_url"]
@@ -66,8 +66,8 @@ def _client() -> Any:
         raise UsageError("S3 blobs need boto3: pip install 'stashpoint[s3]'") from None
     from botocore.exceptions import BotoCoreError, ProfileNotFound
 
-    endpoint = os.environ.get("STASHPOINT_S3_ENDPOINT") or os.environ.get("AWS_ENDPOINT_URL")
-    region = os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION") or "us-east-1"
+    endpoint = settings.value(settings.S3_ENDPOINT)
+    region = settings.value(settings.S3_REGION)
     config = Config(retries={"max_attempts": 5, "mode": "standard"}, max_pool_connections=16)
     # A bad endpoint, profile or region is configuration, not a crash: name it, no traceback.
     try:

@@ -207,12 +207,9 @@ def short(ident: str | None) -> str:
 
 def local_path(url: str) -> Path | None:
     """The path on this machine's disk that ``url`` names, or None for a server store."""
-    path = url
-    for scheme in ("sqlite://", "file://"):
-        if url.startswith(scheme):
-            path = url[len(scheme) :]
-    path = path.split("?", 1)[0]
-    return None if "://" in path else Path(path).expanduser()
+    from ..urls import parse_store_url  # here, not at the top: for the CLI's start-up time
+
+    return parse_store_url(url).path
 
 
 def missing_local_store(url: str) -> bool:

@@ -131,10 +131,12 @@ def _hook_command(ctx: Ctx, agent: str, prefix: str | None) -> str:
     the hook works whatever PATH the agent's shell has (a virtualenv that is not activated)."""
     import shlex
 
+    from ..urls import parse_store_url  # here, not at the top: for the CLI's start-up time
+
     parts = [prefix or f"{shlex.quote(sys.executable)} -m stashpoint"]
     if ctx.store_url:
         url = ctx.store_url
-        if "://" not in url:
+        if not parse_store_url(url).explicit:  # a plain path: absolute, links resolved
             url = str(Path(url).expanduser().resolve())
         parts.append(f"--store {shlex.quote(url)}")
     if ctx.session_name:
@@ -603,14 +605,15 @@ def run(ctx: Ctx, agent: str, args: tuple[str, ...], then: str | None) -> None:
     """
     import time
 
+    from ..urls import parse_store_url  # here, not at the top: for the CLI's start-up time
+
     started = time.monotonic()
     hook = _HookRun(ctx, agent)
     # Library logging (psycopg_pool retrying a connection ...) would reach stderr through
     # Python's last-resort handler: into hooks.log instead, until the command has closed
     # the store (callbacks run last-registered first, and the store's is registered later).
     # Only for a server's store: a local one logs nothing, and a hook imports no logging.
-    url = ctx.store_url or ""
-    if "://" in url and not url.startswith(("sqlite://", "file://", "memory://")):
+    if ctx.store_url and parse_store_url(ctx.store_url).server:
         click.get_current_context().call_on_close(_capture_logging(hook))
     try:
         with _time_budget(_budget_seconds()):
@@ -872,13 +875,11 @@ class _HookRun:
                 url = self.ctx.locate(create=True)[0]
             except Exception:
                 url = None
-        if url and url.startswith("sqlite://"):
-            url = url[len("sqlite://") :]
-        if url and "://" not in url:
-            p = Path(url).expanduser()
-            home = p.parent / (p.name + ".d") if p.suffix in (".db", ".sqlite", ".sqlite3") else p
-            if home.is_dir():
-                return home / LOG_NAME
+        from ..urls import parse_store_url  # here, not at the top: for the CLI's start-up time
+
+        home = parse_store_url(url).home if url else None
+        if home is not None and home.is_dir():
+            return home / LOG_NAME
         base = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
         return Path(base) / "stashpoint" / LOG_NAME
 

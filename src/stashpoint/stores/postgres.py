@@ -537,9 +537,9 @@ def _append_args(a: LogAppend | None) -> tuple[Any, ...]:
 
 def _has_connect_timeout(psycopg: Any, conninfo: str) -> bool:
     """Whether the URL or the environment sets libpq's ``connect_timeout`` already."""
-    import os
+    from .. import config
 
-    if os.environ.get("PGCONNECT_TIMEOUT"):
+    if config.value(config.PG_CONNECT_TIMEOUT):
         return True
     try:
         return "connect_timeout" in psycopg.conninfo.conninfo_to_dict(conninfo)

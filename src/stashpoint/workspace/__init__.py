@@ -9,6 +9,7 @@ import stat
 from collections.abc import Iterator
 from pathlib import Path
 
+from .. import config
 from ..blobs.objects import Blobs
 from ..errors import IntegrityError, UsageError
 from ..model import TreeEntry
@@ -42,7 +43,7 @@ def restoring(root: Path, lock_dir: Path | None, *, wait: bool = True) -> Iterat
     import fcntl
 
     if lock_dir is None:
-        base = os.environ.get("XDG_CACHE_HOME") or os.path.join(Path.home(), ".cache")
+        base = config.value(config.CACHE_HOME) or os.path.join(Path.home(), ".cache")
         lock_dir = Path(base) / "stashpoint" / "locks"
     name = hashlib.sha256(os.fsencode(root)).hexdigest()[:32]
     try:
