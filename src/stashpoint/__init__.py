@@ -62,7 +62,7 @@ _EXPORTS = {
     "ValidationError": "stashpoint.errors",
     "current_effect_key": "stashpoint.durable",
     "generate_key": "stashpoint.crypto",
-    "open": "stashpoint._store",
+    "open": "stashpoint.opening",
     "open_async": "stashpoint.aio",
     "register_type": "stashpoint.serde",
 }
@@ -120,7 +120,6 @@ __all__ = [
 
 if TYPE_CHECKING:
     from ._store import Store
-    from ._store import open_store as open
     from .aio import AsyncSession, AsyncStore, open_async
     from .crypto import generate_key
     from .durability import Durability
@@ -155,6 +154,7 @@ if TYPE_CHECKING:
     )
     from .lease import Lease
     from .model import ArtifactRef, Checkpoint
+    from .opening import open_store as open
     from .redact import Redactor
     from .serde import register_type
     from .session import RewindResult, Session

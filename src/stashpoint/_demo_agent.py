@@ -24,9 +24,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ._store import open_store
 from .durable import fingerprint
 from .errors import ToolRejected
+from .opening import open_store
 from .session import Session
 
 EXIT_APPROVAL, EXIT_IN_DOUBT = 10, 11

@@ -70,9 +70,10 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec, TypeVar, cast, overload
 
-from ._store import Store, open_store
+from ._store import Store
 from .errors import IntegrityError, UsageError
 from .lease import Lease
+from .opening import open_store
 
 if TYPE_CHECKING:
     from pathlib import Path

@@ -67,7 +67,7 @@ class Ctx:
 
     def store(self, *, create: bool = False) -> Store:
         if self._store is None:
-            from .._store import open_store
+            from ..opening import open_store
 
             url, _root, _s, _b = self.locate(create=create)
             self._store = open_store(url, mirror=self.mirror_url or None)

@@ -79,7 +79,7 @@ def init(ctx: Ctx, directory: str | None, new_key: str | None, durability: str |
         from ..durability import Durability
 
         Durability.parse(durability)  # refuse a bad level before creating anything
-    from .._store import open_store
+    from ..opening import open_store
     from ..workspace import check_root
 
     root = check_root(Path(directory or ctx.workspace or "."), force=ctx.force)

@@ -29,8 +29,8 @@ def _open_source(url: str, *, plain_ok: bool) -> Store:
     """The source store. The CLI's one key ($STASHPOINT_KEY) is the destination's when a
     session is copied --as a new one into an encrypted store: a plain source is then opened
     without it (opening it with a key is refused: its rows are not encrypted)."""
-    from .._store import open_store
     from ..crypto import key_from_env
+    from ..opening import open_store
 
     try:
         return open_store(url)
@@ -85,8 +85,8 @@ def copy_cmd(
       stashpoint copy --from .stashpoint --to 'sqlite:///backup?blobs=s3://bucket/agents'
       STASHPOINT_KEY=… stashpoint copy --from .stashpoint --to vault --session fix-42 --as fix-42
     """
-    from .._store import open_store
     from ..copy import copy_sessions, raise_if_unverified
+    from ..opening import open_store
 
     names = list(sessions) or ([ctx.session_name] if ctx.session_name else None)
     with (

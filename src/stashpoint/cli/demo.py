@@ -17,7 +17,7 @@ from typing import Any
 
 import click
 
-from .._store import open_store
+from ..opening import open_store
 from ..session import Session
 from ._app import short
 

@@ -9,9 +9,9 @@ from ._app import EXIT_INTEGRITY, Ctx, emit
 
 def verify_mirror(ctx: Ctx, url: str) -> None:
     """Verify both stores and print their differences; exit 2 on damage."""
-    from .._store import open_store
     from ..errors import UsageError
     from ..mirror import MirroredStore, compare_stores
+    from ..opening import open_store
 
     url = url or ctx.mirror_url or ""
     if not url:

@@ -126,10 +126,11 @@ except ImportError as exc:
     ) from exc
 
 from .. import serde
-from .._store import Store, open_store
+from .._store import Store
 from ..errors import IntegrityError, SerializationError, UsageError
 from ..integrity import EMPTY_CHAIN
 from ..model import Checkpoint, LogRef, utc_now_iso
+from ..opening import open_store
 from ..redact import Redactor, make_redactor
 from ..session import (
     RewindResult,

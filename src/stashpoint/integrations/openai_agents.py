@@ -49,10 +49,11 @@ except ImportError as exc:
     ) from exc
 
 from .. import serde
-from .._store import Store, open_store
+from .._store import Store
 from ..errors import ConflictError, LeaseHeld, LeaseLost, UsageError
 from ..integrity import EMPTY_CHAIN, message_chain
 from ..model import Checkpoint
+from ..opening import open_store
 from ..session import Session
 
 __all__ = ["RUN_STATE_KEY", "StashpointSession", "Turn"]

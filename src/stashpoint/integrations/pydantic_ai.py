@@ -38,8 +38,9 @@ except ImportError as exc:
         "pip install 'stashpoint[pydantic-ai]'"
     ) from exc
 
-from .._store import Store, open_store
+from .._store import Store
 from ..model import Checkpoint
+from ..opening import open_store
 from ..session import Session
 
 __all__ = ["MessageHistory"]

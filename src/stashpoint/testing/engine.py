@@ -26,7 +26,7 @@ from typing import Any
 import msgspec
 import pytest
 
-from .. import _store
+from .. import opening as _store
 from ..errors import IntegrityError, LeaseHeld, LeaseLost
 from ..session import Session
 from ..stores.base import CheckpointRow, Commit
