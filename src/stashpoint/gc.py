@@ -526,10 +526,10 @@ def _exclusive(store: Store, lock_wait: float) -> Iterator[bool]:
         from .stores.memory import MemoryStore
 
         backend = getattr(store.meta, "inner", store.meta)  # unwrap EncryptedLogs
-        yield isinstance(backend, MemoryStore) and store.meta.writers_in_flight() == 0
+        yield isinstance(backend, MemoryStore) and store.meta.writers.in_flight() == 0
         return
     with local.exclusive(attempts=1 + int(lock_wait / 0.1), pause=0.1) as got:
-        yield got and store.meta.writers_in_flight() == 0
+        yield got and store.meta.writers.in_flight() == 0
 
 
 @contextmanager
