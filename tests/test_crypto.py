@@ -600,6 +600,28 @@ def test_durable_run_resumes_on_an_encrypted_store_and_its_records_are_sealed(
         program(store, crash=False)
 
 
+def test_a_new_meta_key_is_sealed_and_plaintext_from_older_versions_still_reads(
+    tmp_path: Path,
+) -> None:
+    with stashpoint.open(tmp_path / "st", encryption_key=KEY) as store:
+        store.meta.set_meta("some-new-feature:x", "purple giraffe notes")
+    assert b"purple giraffe" not in _store_bytes(tmp_path / "st")
+    from stashpoint import metakeys
+
+    plain = dict(_sql(tmp_path, "SELECT key, value FROM meta"))
+    assert set(plain) >= {metakeys.GC_EPOCH, metakeys.ENCRYPTION, metakeys.STORE_ID}
+    assert not any(v.startswith("sealed:") for k, v in plain.items() if k in metakeys.PLAINTEXT)
+    # An older version left checkouts plaintext: still read, sealed when next written.
+    _sql(tmp_path, "INSERT INTO meta(key, value) VALUES ('checkout:s:/w', 'old-branch')")
+    with _reopen(tmp_path) as store:
+        assert store.meta.get_meta("some-new-feature:x") == "purple giraffe notes"
+        assert store.meta.get_meta("checkout:s:/w") == "old-branch"
+        store.meta.set_meta("checkout:s:/w", "new-branch")
+    assert _sql(tmp_path, "SELECT value FROM meta WHERE key='checkout:s:/w'")[0][0].startswith(
+        "sealed:"
+    )
+
+
 def test_memory_store_encrypts_and_collects(tmp_path: Path) -> None:
     from stashpoint import gc
     from stashpoint.verify import verify_store

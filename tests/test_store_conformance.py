@@ -7,16 +7,42 @@ from pathlib import Path
 
 import pytest
 
-from stashpoint.stores.base import MetadataStore
+from stashpoint.stores.base import Capability, Fence, LeaseInfo, MetadataStore
 from stashpoint.stores.memory import MemoryStore
 from stashpoint.stores.sqlite import SqliteStore
-from stashpoint.testing.conformance import BlobBackendConformance, MetadataStoreConformance
+from stashpoint.testing.conformance import (
+    BlobBackendConformance,
+    LeaseConformance,
+    MetadataStoreConformance,
+    RetentionConformance,
+)
 
 
 class TestMemoryStore(MetadataStoreConformance):
     @pytest.fixture
     def make_store(self) -> Callable[[], MetadataStore]:
         return MemoryStore
+
+
+class _NoLeases(MemoryStore):
+    """A backend that declares no leases: the suite must not run that tier on it."""
+
+    capabilities = frozenset(Capability) - {Capability.LEASES}
+
+    def acquire_lease(self, session: str, owner: str, ttl: float) -> LeaseInfo:
+        raise NotImplementedError
+
+    def renew_lease(self, fence: Fence, ttl: float) -> bool:
+        raise NotImplementedError
+
+    def release_lease(self, fence: Fence) -> None:
+        raise NotImplementedError
+
+
+class TestStoreWithoutLeases(LeaseConformance, RetentionConformance):
+    @pytest.fixture
+    def make_store(self) -> Callable[[], MetadataStore]:
+        return _NoLeases
 
 
 class TestSqliteStore(MetadataStoreConformance):

@@ -26,15 +26,15 @@ import weakref
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
-from . import config
+from . import config, metakeys
 from .errors import UsageError
 
 if TYPE_CHECKING:
-    from .stores.base import MetadataStore
+    from .stores.base import Lifecycle
 
 __all__ = ["DURABILITY_ENV", "DURABILITY_META", "Durability", "GroupCommit", "resolve"]
 
-DURABILITY_META = "durability"
+DURABILITY_META = metakeys.DURABILITY
 """Store meta key holding the store's default level."""
 
 DURABILITY_ENV = config.DURABILITY.env[0]
@@ -133,7 +133,7 @@ class GroupCommit:
     deferred ones as a side effect (both backends that defer keep one ordered log).
     """
 
-    def __init__(self, meta: MetadataStore) -> None:
+    def __init__(self, meta: Lifecycle) -> None:
         self.meta = meta
         self._lock = threading.Lock()
         self._pending = 0

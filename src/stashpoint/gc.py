@@ -45,6 +45,7 @@ from typing import TYPE_CHECKING, Any
 
 import msgspec
 
+from . import metakeys
 from ._fsutil import TMP_MARK, sweep_temp_files
 from ._ids import new_id
 from .blobs.local import LocalBlobStore
@@ -70,8 +71,8 @@ ORPHAN_PACK_AGE = 3600.0
 its pack just before committing the rows that point into it."""
 REPACK_BELOW = 0.5
 """Repack when live entries fill less than this fraction of a pack."""
-_PACKS_KEY = "gc:packs"
-_LOGS_KEY = "gc:logs"
+_PACKS_KEY = metakeys.GC_PACKS
+_LOGS_KEY = metakeys.GC_LOGS
 _PACK_HEADER = 8  # len(b"SPPACK1\n")
 
 Progress = Callable[[int, int], None]
@@ -255,7 +256,7 @@ class _Marker:
     def live_logs(self) -> set[str]:
         """Referenced logs, live runs' logs, and every parent they continue."""
         roots = set(self.logs)
-        for _key, raw in self.store.meta.iter_meta("run:"):
+        for _key, raw in self.store.meta.iter_meta(metakeys.RUN):
             rec = _json(raw)
             for k in ("log", "parent"):
                 if isinstance(rec.get(k), str):
@@ -526,10 +527,10 @@ def _exclusive(store: Store, lock_wait: float) -> Iterator[bool]:
         from .stores.memory import MemoryStore
 
         backend = getattr(store.meta, "inner", store.meta)  # unwrap EncryptedLogs
-        yield isinstance(backend, MemoryStore) and store.meta.writers_in_flight() == 0
+        yield isinstance(backend, MemoryStore) and store.meta.writers.in_flight() == 0
         return
     with local.exclusive(attempts=1 + int(lock_wait / 0.1), pause=0.1) as got:
-        yield got and store.meta.writers_in_flight() == 0
+        yield got and store.meta.writers.in_flight() == 0
 
 
 @contextmanager

@@ -23,7 +23,7 @@ from .errors import LeaseHeld, LeaseLost, StoreError, UsageError
 from .stores.base import Fence, LeaseInfo
 
 if TYPE_CHECKING:
-    from .stores.base import MetadataStore
+    from .stores.base import Leases
 
 __all__ = ["DEFAULT_TTL", "Lease", "acquire"]
 
@@ -45,7 +45,7 @@ class Lease:
 
     def __init__(
         self,
-        meta: MetadataStore,
+        meta: Leases,
         info: LeaseInfo,
         ttl: float,
         *,
@@ -140,7 +140,7 @@ class Lease:
 
 
 def acquire(
-    meta: MetadataStore,
+    meta: Leases,
     session: str,
     *,
     ttl: float = DEFAULT_TTL,

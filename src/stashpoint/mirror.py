@@ -35,8 +35,9 @@ import uuid
 import warnings
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
+from . import metakeys
 from ._store import Problem, Store
 from .blobs.objects import BlobCodec, Blobs
 from .errors import (
@@ -59,6 +60,7 @@ from .stores.base import (
     LogInfo,
     MessageRow,
     MetadataStore,
+    MetaKV,
 )
 from .stores.forwarding import ForwardingStore
 from .workspace.tree import TreeReader
@@ -72,16 +74,16 @@ __all__ = [
     "mirrored",
 ]
 
-BEHIND_KEY = "mirror:behind"
+BEHIND_KEY = metakeys.MIRROR_BEHIND
 """Primary store meta key: JSON ``{"mirror", "since", "error"}`` while the mirror lags."""
 
-_FAILED = BEHIND_KEY + ":"
+_FAILED = metakeys.MIRROR_FAILED
 """Prefix of one more key per failed copy (``mirror:behind:<token>``, the same JSON). The meta
 store has no compare-and-set, so a writer that caught the mirror up may clear only the marks
 it saw before its sync: a failure recorded meanwhile has a key of its own and survives."""
 
 
-def _behind_marks(meta: MetadataStore) -> dict[str, str]:
+def _behind_marks(meta: MetaKV) -> dict[str, str]:
     """The summary mark and every failure's own mark (one read: the same key prefix)."""
     return dict(meta.iter_meta(BEHIND_KEY))
 
@@ -93,7 +95,7 @@ def _since(raw: str) -> str:
         return ""
 
 
-def _clear_behind(meta: MetadataStore, seen: dict[str, str]) -> None:
+def _clear_behind(meta: MetaKV, seen: dict[str, str]) -> None:
     """After a full sync: drop the failure marks seen before it began; the summary goes only
     when no failure recorded since then is left."""
     for key in seen:
@@ -102,6 +104,8 @@ def _clear_behind(meta: MetadataStore, seen: dict[str, str]) -> None:
     if not any(True for _ in meta.iter_meta(_FAILED)):
         meta.set_meta(BEHIND_KEY, None)
 
+
+_T = TypeVar("_T")
 
 _BATCH_BYTES = 8 << 20
 _BATCH_MESSAGES = 1000
@@ -391,9 +395,9 @@ class _MirroredMeta(ForwardingStore):
         return marked
 
     # -- reads: the primary, or the mirror while the primary is unreachable ----------------
-    def _read(self, name: str, *args: Any, **kwargs: Any) -> Any:
+    def _read(self, call: Callable[[MetadataStore], _T]) -> _T:
         try:
-            return getattr(self.inner, name)(*args, **kwargs)
+            return call(self.inner)
         except StoreError as exc:
             mirror = self.store.mirror
             if mirror is None:
@@ -403,51 +407,42 @@ class _MirroredMeta(ForwardingStore):
                 MirrorWarning,
                 stacklevel=3,
             )
-            return getattr(mirror.meta, name)(*args, **kwargs)
+            return call(mirror.meta)
 
     def get_checkpoint(self, ident: str) -> CheckpointRow | None:
-        row: CheckpointRow | None = self._read("get_checkpoint", ident)
-        return row
+        return self._read(lambda m: m.get_checkpoint(ident))
 
     def list_checkpoints(
         self, session: str, *, before: str | None = None, limit: int | None = None
     ) -> list[CheckpointRow]:
-        rows: list[CheckpointRow] = self._read(
-            "list_checkpoints", session, before=before, limit=limit
-        )
-        return rows
+        return self._read(lambda m: m.list_checkpoints(session, before=before, limit=limit))
 
     def find_ids(self, prefix: str, session: str | None = None) -> list[str]:
-        ids: list[str] = self._read("find_ids", prefix, session)
-        return ids
+        return self._read(lambda m: m.find_ids(prefix, session))
 
     def sessions(self) -> list[str]:
-        out: list[str] = self._read("sessions")
-        return out
+        return self._read(lambda m: m.sessions())
 
     def branches(self, session: str) -> dict[str, str]:
-        out: dict[str, str] = self._read("branches", session)
-        return out
+        return self._read(lambda m: m.branches(session))
+
+    def get_head(self, session: str, branch: str) -> str | None:
+        return self._read(lambda m: m.get_head(session, branch))
 
     def labels(self, session: str) -> dict[str, str]:
-        out: dict[str, str] = self._read("labels", session)
-        return out
+        return self._read(lambda m: m.labels(session))
 
     def log_info(self, log: str) -> LogInfo | None:
-        info: LogInfo | None = self._read("log_info", log)
-        return info
+        return self._read(lambda m: m.log_info(log))
 
     def read_messages(self, log: str, start: int, stop: int) -> list[MessageRow]:
-        rows: list[MessageRow] = self._read("read_messages", log, start, stop)
-        return rows
+        return self._read(lambda m: m.read_messages(log, start, stop))
 
     def get_blob(self, digest: bytes) -> BlobRow | None:
-        row: BlobRow | None = self._read("get_blob", digest)
-        return row
+        return self._read(lambda m: m.get_blob(digest))
 
     def get_meta(self, key: str) -> str | None:
-        value: str | None = self._read("get_meta", key)
-        return value
+        return self._read(lambda m: m.get_meta(key))
 
 
 class _FallbackBlobs(Blobs):

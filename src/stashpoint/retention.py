@@ -26,6 +26,7 @@ from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from . import metakeys
 from .errors import IntegrityError, PrunedError, UsageError
 from .model import Checkpoint, utc_now_iso
 
@@ -201,11 +202,11 @@ def protected_checkpoints(store: Store, session: str) -> dict[str, str]:
     """Checkpoints of ``session`` that something outside the history still needs: the start
     of a live durable run (``run``) and both ends of an interrupted rewind (``restore``)."""
     out: dict[str, str] = {}
-    for _key, raw in store.meta.iter_meta(f"run:{session}:"):
+    for _key, raw in store.meta.iter_meta(f"{metakeys.RUN}{session}:"):
         rec = _json(raw)
         if isinstance(rec.get("base"), str):
             out[rec["base"]] = "run"
-    for _key, raw in store.meta.iter_meta("restore-journal:"):
+    for _key, raw in store.meta.iter_meta(metakeys.RESTORE_JOURNAL):
         rec = _json(raw)
         if rec.get("session") == session:
             for k in ("target", "safety"):

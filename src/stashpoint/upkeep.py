@@ -25,6 +25,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from . import metakeys
 from .errors import GcBusy, LeaseHeld, StashpointError, UsageError
 from .retention import DEFAULT_POLICY, Policy, apply, parse_duration, plan_session
 
@@ -46,9 +47,9 @@ __all__ = [
     "tightened",
 ]
 
-UPKEEP_META = "upkeep"
+UPKEEP_META = metakeys.UPKEEP
 """Store meta key holding the policy (JSON)."""
-LAST_META = "upkeep:last"
+LAST_META = metakeys.UPKEEP_LAST
 """Store meta key: when upkeep last ran (seconds since the epoch), or was first scheduled."""
 DEFAULT_BUDGET = 10 << 30
 DEFAULT_EVERY = dt.timedelta(days=1)

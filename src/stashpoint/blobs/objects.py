@@ -307,7 +307,7 @@ class Blobs:
 
     def has(self, digests: Iterable[bytes]) -> set[bytes]:
         """Which blobs exist and may be relied on (condemned ones count as absent)."""
-        self.meta.begin_write()
+        self.meta.writers.begin()
         wanted = set(digests)
         found = self.meta.has_blobs(wanted)
         if self.local is not None:
@@ -322,7 +322,7 @@ class Blobs:
         return self.local.has(digest) and not self.meta.condemned_among([digest])
 
     def writer(self) -> BlobWriter:
-        self.meta.begin_write()
+        self.meta.writers.begin()
         return BlobWriter(self)
 
 

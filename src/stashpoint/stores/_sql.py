@@ -239,7 +239,7 @@ class SqlStore(MetadataStore):
 
     def commit(self, commit: Commit) -> None:
         self._tx(self._apply_commit, commit)
-        self.end_write()
+        self.writers.end()
 
     def _apply_commit(self, cur: Any, c: Commit) -> None:
         """Epoch fence, head compare-and-set, log-tip check and every insert, in the caller's

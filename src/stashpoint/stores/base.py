@@ -1,4 +1,10 @@
-"""The metadata-store interface every backend implements.
+"""The metadata-store interfaces: one narrow protocol per capability, and their composite.
+
+A backend implements :class:`MetadataStore`, which is every capability at once; code that
+needs only some of them names the narrow protocol (:class:`MetaKV`, :class:`BlobRows`,
+:class:`LogRows`, :class:`CheckpointRecords`, :class:`Refs`, :class:`Leases`,
+:class:`Collection`, :class:`Retention`, :class:`Lifecycle`), so what it may touch is visible
+in its signature and a wrapper forwards by capability (:mod:`.forwarding`).
 
 Backends store opaque rows: sealing, verifying and decoding records happens above them, in the
 session engine, so a backend cannot weaken integrity by accident and a new backend is a few
@@ -8,7 +14,7 @@ conversation log tip it was computed against (compare-and-set), or apply nothing
 
 Garbage collection (:mod:`stashpoint.gc`) adds a second protocol the backends carry out
 atomically: *condemned* blobs. GC first marks unreferenced blobs condemned (durably, bumping
-``gc_epoch``); from then on :meth:`MetadataStore.has_blobs` reports them absent, so a writer that
+``gc_epoch``); from then on :meth:`BlobRows.has_blobs` reports them absent, so a writer that
 needs one stores it again, and storing a blob removes its mark (revives it). GC later deletes
 only blobs whose mark is still there, claiming the mark and deleting the row in one
 transaction, so a revival and a deletion can never both win.
@@ -16,13 +22,15 @@ transaction, so a revival and a deletion can never both win.
 
 from __future__ import annotations
 
+import enum
 import threading
 import time
-from abc import ABC, abstractmethod
+from abc import abstractmethod
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import NamedTuple
+from typing import NamedTuple, Protocol
 
+from .. import metakeys
 from ..errors import (
     GcEpochChanged,
     LeaseHeld,
@@ -32,18 +40,29 @@ from ..errors import (
 __all__ = [
     "BlobInfo",
     "BlobRow",
+    "BlobRows",
+    "Capability",
+    "CheckpointRecords",
     "CheckpointRow",
+    "Collection",
     "Commit",
     "Fence",
     "GcEpochChanged",
     "LeaseInfo",
+    "Leases",
+    "Lifecycle",
     "LogAppend",
     "LogInfo",
+    "LogRows",
     "MessageRow",
+    "MetaKV",
     "MetadataStore",
+    "Refs",
+    "Retention",
+    "WriterRegistry",
 ]
 
-GC_EPOCH_KEY = "gc_epoch"
+GC_EPOCH_KEY = metakeys.GC_EPOCH
 """Store meta key bumped whenever GC condemns blobs; stat caches and commits are tied to it."""
 
 EPOCH_MAX_AGE = 1.0
@@ -188,20 +207,50 @@ class LeaseInfo(NamedTuple):
     """Seconds until it expires (negative: expired, free to take over)."""
 
 
-class MetadataStore(ABC):
-    """Rows for checkpoints, heads, labels, message logs and small (inline) blobs."""
+class WriterRegistry:
+    """Threads of this process between a blob check and their commit.
 
-    url: str
-    durability: str = "unknown"
-    """What a committed checkpoint survives, in words (``stashpoint show`` prints it)."""
+    GC may assume no writer is in flight only when this process has none: a writer that
+    checked which blobs exist, then commits after a condemnation, would reference a blob about
+    to go. One registry belongs to one backend object; wrappers share it (``wrapper.writers is
+    inner.writers``), so a write begun through a wrapper is ended by the backend's commit."""
 
-    defers_commits: bool = False
-    """Whether :attr:`Commit.durable` = False makes commits cheaper here (SQLite, PostgreSQL)."""
+    __slots__ = ("_lock", "_threads")
 
-    def flush(self) -> None:  # noqa: B027 - optional: only backends that defer commits act
-        """Make every commit returned so far durable (after commits with ``durable=False``)."""
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._threads: dict[int, threading.Thread] = {}
 
-    # -- store-level settings -------------------------------------------------------------
+    def begin(self) -> None:
+        """This thread is about to rely on which blobs exist (a scan, an import): until its
+        next successful commit, a GC in this process cannot assume no writer is in flight."""
+        with self._lock:
+            self._threads[threading.get_ident()] = threading.current_thread()
+
+    def end(self) -> None:
+        """Called by backends after a successful commit (cheap when nobody began one)."""
+        if self._threads:
+            with self._lock:
+                self._threads.pop(threading.get_ident(), None)
+
+    def in_flight(self) -> int:
+        """Writers in flight other than the calling thread (dead threads are forgotten)."""
+        me = threading.get_ident()
+        with self._lock:
+            for ident, thread in list(self._threads.items()):
+                if not thread.is_alive():
+                    del self._threads[ident]
+            return sum(1 for ident in self._threads if ident != me)
+
+
+# -- the capabilities ---------------------------------------------------------------------
+# One protocol per concern. Consumers and wrappers name the narrow one they use;
+# :class:`MetadataStore` is the composite every backend implements.
+
+
+class MetaKV(Protocol):
+    """Store-level settings: a small string key-value space (names in :mod:`..metakeys`)."""
+
     @abstractmethod
     def get_meta(self, key: str) -> str | None: ...
 
@@ -209,7 +258,14 @@ class MetadataStore(ABC):
     def set_meta(self, key: str, value: str | None) -> None:
         """Set (or with None delete) a store-level setting, durably."""
 
-    # -- inline blobs ---------------------------------------------------------------------
+    @abstractmethod
+    def iter_meta(self, prefix: str) -> Iterator[tuple[str, str]]:
+        """Store-level settings whose key starts with ``prefix``."""
+
+
+class BlobRows(Protocol):
+    """Inline blob rows (small contents, chunk lists, pack pointers), by digest."""
+
     @abstractmethod
     def has_blobs(self, digests: Iterable[bytes]) -> set[bytes]:
         """The given digests that are stored and not condemned (a writer may rely on them)."""
@@ -230,7 +286,20 @@ class MetadataStore(ABC):
     @abstractmethod
     def iter_blob_digests(self) -> Iterator[bytes]: ...
 
-    # -- conversation logs ----------------------------------------------------------------
+    @abstractmethod
+    def iter_blob_info(self) -> Iterator[BlobInfo]:
+        """Every inline blob row, condemned or not, without loading payloads."""
+
+    @abstractmethod
+    def repoint_blobs(self, changes: Sequence[tuple[bytes, bytes, bytes]]) -> int:
+        """For each (digest, old data, new data), replace the row's data if it is still
+        ``old`` (compare-and-set: a repacked blob moves only if nobody changed it); returns
+        how many moved. The codec is left as it is."""
+
+
+class LogRows(Protocol):
+    """Conversation and journal logs: append-only message rows with a running hash."""
+
     @abstractmethod
     def log_info(self, log: str) -> LogInfo | None: ...
 
@@ -247,12 +316,23 @@ class MetadataStore(ABC):
         ``append.start``; else raise ConflictError and write nothing. Durable on return: the
         durable-execution journal records each step's result this way, between checkpoints."""
 
-    # -- checkpoints ----------------------------------------------------------------------
+    @abstractmethod
+    def log_sizes(self) -> dict[str, tuple[int, int]]:
+        """Log id -> (own message rows, bytes stored for them)."""
+
+    @abstractmethod
+    def delete_logs(self, logs: Sequence[str]) -> None:
+        """Delete whole logs (their info and message rows); unknown ids are ignored."""
+
+
+class CheckpointRecords(Protocol):
+    """Checkpoint rows and the atomic commit that adds one."""
+
     @abstractmethod
     def commit(self, commit: Commit) -> None:
         """Apply a commit atomically or raise ConflictError and apply nothing. Its blobs are
-        revived like :meth:`put_blobs`'; ``commit.gc_epoch`` is checked in the transaction.
-        Calls :meth:`end_write` on success."""
+        revived like :meth:`BlobRows.put_blobs`'; ``commit.gc_epoch`` is checked in the
+        transaction. Ends this thread's write (:meth:`WriterRegistry.end`) on success."""
 
     @abstractmethod
     def get_checkpoint(self, ident: str) -> CheckpointRow | None: ...
@@ -270,10 +350,25 @@ class MetadataStore(ABC):
     @abstractmethod
     def sessions(self) -> list[str]: ...
 
-    # -- heads, labels, checkouts ---------------------------------------------------------
+    @abstractmethod
+    def iter_checkpoints(self) -> Iterator[CheckpointRow]:
+        """Every checkpoint row of every session (also sessions without a head yet)."""
+
+    def check_id(self, what: str, name: str) -> None:
+        """UsageError if this store cannot hold ``name`` as a checkpoint or log id (an import
+        checks every id before its first write). Any id a bundle may carry, by default."""
+        return None
+
+
+class Refs(Protocol):
+    """Branch heads (compare-and-set) and labels."""
+
     @abstractmethod
     def branches(self, session: str) -> dict[str, str]:
         """Branch name -> head checkpoint id."""
+
+    def get_head(self, session: str, branch: str) -> str | None:
+        return self.branches(session).get(branch)
 
     @abstractmethod
     def set_head(
@@ -294,10 +389,10 @@ class MetadataStore(ABC):
     def labels(self, session: str) -> dict[str, str]:
         """Checkpoint id -> current label."""
 
-    @abstractmethod
-    def close(self) -> None: ...
 
-    # -- leases: one worker owns a session at a time ----------------------------
+class Leases(Protocol):
+    """One worker owns a session at a time; its fencing token guards its writes."""
+
     @abstractmethod
     def acquire_lease(self, session: str, owner: str, ttl: float) -> LeaseInfo:
         """Grant ``owner`` the session's lease for ``ttl`` seconds, with a new fencing token.
@@ -320,42 +415,16 @@ class MetadataStore(ABC):
     def lease_info(self, session: str) -> LeaseInfo | None:
         """The session's lease (also an expired one, with a negative ``expires_in``)."""
 
-    # -- maintenance: retention, garbage collection, usage ---------------------------------
-    @abstractmethod
-    def iter_checkpoints(self) -> Iterator[CheckpointRow]:
-        """Every checkpoint row of every session (also sessions without a head yet)."""
 
-    @abstractmethod
-    def iter_meta(self, prefix: str) -> Iterator[tuple[str, str]]:
-        """Store-level settings whose key starts with ``prefix``."""
+class Collection(Protocol):
+    """Garbage collection: condemned blobs, the GC epoch, writers in flight."""
 
-    def check_id(self, what: str, name: str) -> None:
-        """UsageError if this store cannot hold ``name`` as a checkpoint or log id (an import
-        checks every id before its first write). Any id a bundle may carry, by default."""
-        return None
+    atomic_unlink: bool
+    """Whether :meth:`sweep_blobs` can run ``unlink`` inside its transaction (needed for
+    blobs kept outside the database, such as a local chunk directory)."""
 
-    @abstractmethod
-    def iter_blob_info(self) -> Iterator[BlobInfo]:
-        """Every inline blob row, condemned or not, without loading payloads."""
-
-    @abstractmethod
-    def log_sizes(self) -> dict[str, tuple[int, int]]:
-        """Log id -> (own message rows, bytes stored for them)."""
-
-    @abstractmethod
-    def mark_pruned(self, session: str, ids: Sequence[str], at: str) -> list[str]:
-        """Mark checkpoints pruned by retention; returns the ids newly marked.
-
-        Skips, atomically, ids that are a branch head of the session right now or carry a
-        label (set after the retention plan was made), ids of other sessions and unknown ids.
-        Refused (:class:`LeaseHeld`) while another worker holds a live lease on the session.
-        The record stays (the hash chain still verifies); GC then
-        treats what only pruned records reference as garbage.
-        """
-
-    @abstractmethod
-    def pruned(self, session: str) -> dict[str, str]:
-        """Pruned checkpoint id -> when it was pruned (ISO 8601 UTC)."""
+    writers: WriterRegistry
+    """Threads of this process between a blob check and their commit."""
 
     @abstractmethod
     def condemn(self, digests: Sequence[bytes], at: float, epoch: str | None = None) -> None:
@@ -387,71 +456,96 @@ class MetadataStore(ABC):
         reviving a digest concurrently either wins (no claim) or stores it anew after.
         Returns the claimed digests."""
 
-    @abstractmethod
-    def delete_logs(self, logs: Sequence[str]) -> None:
-        """Delete whole logs (their info and message rows); unknown ids are ignored."""
-
-    @abstractmethod
-    def repoint_blobs(self, changes: Sequence[tuple[bytes, bytes, bytes]]) -> int:
-        """For each (digest, old data, new data), replace the row's data if it is still
-        ``old`` (compare-and-set: a repacked blob moves only if nobody changed it); returns
-        how many moved. The codec is left as it is."""
-
-    atomic_unlink: bool = True
-    """Whether :meth:`sweep_blobs` can run ``unlink`` inside its transaction (needed for
-    blobs kept outside the database, such as a local chunk directory)."""
-
-    def vacuum(self) -> None:  # noqa: B027 - optional: most backends have nothing to do
+    def vacuum(self) -> None:
         """Give freed space back to the operating system, where the backend keeps it."""
+        return None  # most backends have nothing to do
 
-    # -- writers in flight in this process ------------------------------------------------
-    _inflight_lock = threading.Lock()
+    @abstractmethod
+    def read_gc_epoch(self, max_age: float = EPOCH_MAX_AGE) -> str:
+        """``gc_epoch``, read at most ``max_age`` seconds ago."""
 
-    def begin_write(self) -> None:
-        """This thread is about to rely on which blobs exist (a scan, an import): until its
-        next successful commit, a GC in this process cannot assume no writer is in flight."""
-        with MetadataStore._inflight_lock:
-            reg: dict[int, threading.Thread] = self.__dict__.setdefault("_inflight", {})
-            reg[threading.get_ident()] = threading.current_thread()
+    @abstractmethod
+    def note_gc_epoch(self, value: str | None) -> None:
+        """Record an epoch just seen (``None``: forget it; the next read asks the store)."""
 
-    def end_write(self) -> None:
-        """Called by backends after a successful commit."""
-        reg = self.__dict__.get("_inflight")
-        if reg:
-            with MetadataStore._inflight_lock:
-                reg.pop(threading.get_ident(), None)
 
-    def writers_in_flight(self) -> int:
-        """Threads of this process (other than the caller) between a blob check and a commit."""
-        me = threading.get_ident()
-        with MetadataStore._inflight_lock:
-            reg: dict[int, threading.Thread] = self.__dict__.get("_inflight", {})
-            for ident, thread in list(reg.items()):
-                if not thread.is_alive():
-                    del reg[ident]
-            return sum(1 for ident in reg if ident != me)
+class Retention(Protocol):
+    """Pruned marks beside the records (the records stay; GC frees what only they reference)."""
 
-    # -- concrete defaults ----------------------------------------------------------------
+    @abstractmethod
+    def mark_pruned(self, session: str, ids: Sequence[str], at: str) -> list[str]:
+        """Mark checkpoints pruned by retention; returns the ids newly marked.
+
+        Skips, atomically, ids that are a branch head of the session right now or carry a
+        label (set after the retention plan was made), ids of other sessions and unknown ids.
+        Refused (:class:`LeaseHeld`) while another worker holds a live lease on the session.
+        The record stays (the hash chain still verifies); GC then
+        treats what only pruned records reference as garbage.
+        """
+
+    @abstractmethod
+    def pruned(self, session: str) -> dict[str, str]:
+        """Pruned checkpoint id -> when it was pruned (ISO 8601 UTC)."""
+
+
+class Lifecycle(Protocol):
+    """What the store is, how durable its commits are, and closing it."""
+
+    url: str
+    durability: str
+    """What a committed checkpoint survives, in words (``stashpoint show`` prints it)."""
+    defers_commits: bool
+    """Whether :attr:`Commit.durable` = False makes commits cheaper here (SQLite, PostgreSQL)."""
+
+    def flush(self) -> None:
+        """Make every commit returned so far durable (after commits with ``durable=False``)."""
+        return None  # only backends that defer commits act
+
+    @abstractmethod
+    def close(self) -> None: ...
+
+
+class Capability(enum.Enum):
+    """What a backend offers beyond the core records (the conformance suite runs these tiers)."""
+
+    LEASES = "leases"
+    COLLECTION = "collection"
+    RETENTION = "retention"
+
+
+class MetadataStore(
+    MetaKV, BlobRows, LogRows, CheckpointRecords, Refs, Leases, Collection, Retention, Lifecycle
+):
+    """Rows for checkpoints, heads, labels, message logs and small (inline) blobs: every
+    capability at once, for code that needs the whole store (the engine, bundles, copies).
+    Backends subclass it and call ``super().__init__()``."""
+
+    url: str
+    durability: str = "unknown"
+    defers_commits: bool = False
+    atomic_unlink: bool = True
+    capabilities: frozenset[Capability] = frozenset(Capability)
+    """The optional capabilities this backend really implements (all, for the built-in ones)."""
+
+    def __init__(self) -> None:
+        self.writers = WriterRegistry()
+        self._epoch_cache: tuple[str, float] | None = None
+
     def read_gc_epoch(self, max_age: float = EPOCH_MAX_AGE) -> str:
         """``gc_epoch``, read at most ``max_age`` seconds ago (a store round trip saved per
         checkpoint). Safe because GC deletes a condemned blob only after its grace period
         (minutes) or when it holds the store alone, and a condemnation made through this
         object forgets the cached value at once (:meth:`note_gc_epoch`)."""
-        cached = self.__dict__.get("_epoch_cache")
+        cached = self._epoch_cache
         now = time.monotonic()
         if cached is not None and now - cached[1] < max_age:
-            return str(cached[0])
+            return cached[0]
         value = self.get_meta(GC_EPOCH_KEY) or "0"
-        self.__dict__["_epoch_cache"] = (value, now)
+        self._epoch_cache = (value, now)
         return value
 
     def note_gc_epoch(self, value: str | None) -> None:
-        """Record an epoch just seen (``None``: forget it; the next read asks the store)."""
-        self.__dict__["_epoch_cache"] = None if value is None else (value, time.monotonic())
-
-    # -- concrete defaults ----------------------------------------------------------------
-    def get_head(self, session: str, branch: str) -> str | None:
-        return self.branches(session).get(branch)
+        self._epoch_cache = None if value is None else (value, time.monotonic())
 
     def __enter__(self) -> MetadataStore:
         return self

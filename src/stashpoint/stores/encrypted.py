@@ -6,10 +6,14 @@ all go through, means none of those places can forget to. Each entry is bound to
 index (AES-GCM associated data), so an entry copied to another position fails to decrypt. The
 running hash chain is computed over the plaintext above this layer, as without encryption.
 
-Store meta values that carry application data - durable-run records, compensation plans,
-LangGraph's pending writes - are sealed too (bound to their key, stored as ``sealed:<base64>``).
-Other meta (``gc_epoch``, ``store_id``, checkouts, GC notes, the encryption marker) stays
-plaintext: backends compare some of it inside transactions, and it holds no state.
+Every store meta value is sealed too (bound to its key, stored as ``sealed:<base64>``), so a
+feature that adds a meta key is encrypted without knowing about encryption. The exceptions are
+the few keys :data:`stashpoint.metakeys.PLAINTEXT` names - ``gc_epoch``, the encryption marker,
+the durability level, the store id, the blob location: read before the key is known or
+compared by a backend inside a transaction, and holding no application state. A value an
+older version wrote in plaintext (it sealed only :data:`~stashpoint.metakeys.SEALED_ALWAYS`)
+is still read, told apart by the envelope, and sealed when next written; under the prefixes
+every version sealed, plaintext is refused.
 
 Records and blobs are sealed elsewhere (:class:`stashpoint.integrity.ChainHasher`,
 :class:`stashpoint.blobs.Blobs`), where their identity is known; everything else passes through.
@@ -24,14 +28,13 @@ from collections.abc import Iterator
 
 from ..crypto import Cipher
 from ..errors import IntegrityError
+from ..metakeys import PLAINTEXT, SEALED_ALWAYS
 from .base import Commit, LogAppend, MessageRow, MetadataStore
 from .forwarding import ForwardingStore
 
 __all__ = ["EncryptedLogs"]
 
 
-SEALED_META = ("run:", "compensate:", "langgraph:pending:")
-"""Prefixes of meta keys whose values are application data, sealed in an encrypted store."""
 _SEALED_PREFIX = "sealed:"
 
 
@@ -40,8 +43,9 @@ def _aad(log: str, idx: int) -> bytes:
 
 
 class EncryptedLogs(ForwardingStore):
-    """A :class:`MetadataStore` whose log entries are stored as AES-GCM ciphertext; every
-    other call passes through to the backend."""
+    """A :class:`MetadataStore` whose log entries and meta values (all but
+    :data:`~stashpoint.metakeys.PLAINTEXT`) are stored as AES-GCM ciphertext; every other call
+    passes through to the backend."""
 
     def __init__(self, inner: MetadataStore, cipher: Cipher) -> None:
         super().__init__(inner)
@@ -74,7 +78,7 @@ class EncryptedLogs(ForwardingStore):
         ]
 
     def set_meta(self, key: str, value: str | None) -> None:
-        if value is not None and key.startswith(SEALED_META):
+        if value is not None and key not in PLAINTEXT:
             sealed = self.cipher.seal(value.encode(), b"meta\0" + key.encode())
             value = _SEALED_PREFIX + base64.b64encode(sealed).decode("ascii")
         self.inner.set_meta(key, value)
@@ -89,11 +93,15 @@ class EncryptedLogs(ForwardingStore):
             yield key, opened
 
     def _open_meta(self, key: str, value: str | None) -> str | None:
-        if value is None or not key.startswith(SEALED_META):
+        if value is None or key in PLAINTEXT:
             return value
         what = f"store setting {key!r}"
         if not value.startswith(_SEALED_PREFIX):
-            raise IntegrityError(f"{what} is stored unencrypted in an encrypted store (refused)")
+            if key.startswith(SEALED_ALWAYS):
+                raise IntegrityError(
+                    f"{what} is stored unencrypted in an encrypted store (refused)"
+                )
+            return value  # written by a version that left it plaintext; sealed when next set
         try:
             raw = base64.b64decode(value[len(_SEALED_PREFIX) :], validate=True)
         except (binascii.Error, ValueError):

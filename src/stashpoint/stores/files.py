@@ -108,6 +108,7 @@ class FileStore(MetadataStore):
     """Metadata in plain files under one directory; see the module docstring for the layout."""
 
     def __init__(self, root: str | os.PathLike[str]) -> None:
+        super().__init__()
         self.root = Path(root).expanduser().absolute()
         self.url = f"file://{self.root}"
         self.durability = (
@@ -667,7 +668,7 @@ class FileStore(MetadataStore):
                 writes["heads.json"] = _pretty(heads)
             self._apply(writes)
             self._where[row.id] = self.root / rel
-        self.end_write()
+        self.writers.end()
 
     # -- heads, labels --------------------------------------------------------------------
     def branches(self, session: str) -> dict[str, str]:

@@ -1,9 +1,14 @@
-"""A metadata store that hands every call to another one: the base of wrappers.
+"""Forwarding by capability: the base of wrappers around a metadata store.
 
-Wrappers change a few operations and must pass on all the others - encryption seals log
-entries (:mod:`stashpoint.stores.encrypted`), mirrored writes copy commits to a second store
-(:mod:`stashpoint.mirror`). Subclassing this instead of :class:`MetadataStore` means a method
-added to the interface is forwarded everywhere at once, never silently left to a default.
+Wrappers change a few operations and must pass on all the others - encryption seals meta values
+and log entries (:mod:`stashpoint.stores.encrypted`), mirrored writes copy commits to a second
+store (:mod:`stashpoint.mirror`). Each capability protocol of :mod:`.base` has a forwarder here
+that passes its methods to ``inner``; :class:`ForwardingStore` is all of them. A method added to
+a protocol is added to its forwarder, so it is forwarded everywhere at once, never silently
+left to a default. Explicit methods, not ``__getattr__``: every call stays typed.
+
+State a backend keeps for its process - writers in flight, the cached GC epoch - is shared,
+not copied: the wrapper's ``writers`` is the backend's registry.
 """
 
 from __future__ import annotations
@@ -24,17 +29,25 @@ from .base import (
     MetadataStore,
 )
 
-__all__ = ["ForwardingStore"]
+__all__ = [
+    "ForwardBlobRows",
+    "ForwardCheckpointRecords",
+    "ForwardCollection",
+    "ForwardLeases",
+    "ForwardLifecycle",
+    "ForwardLogRows",
+    "ForwardMetaKV",
+    "ForwardRefs",
+    "ForwardRetention",
+    "ForwardingStore",
+]
 
 
-class ForwardingStore(MetadataStore):
-    def __init__(self, inner: MetadataStore) -> None:
-        self.inner = inner
-        self.url = inner.url
-        self.durability = inner.durability
-        self.defers_commits = inner.defers_commits
-        self.atomic_unlink = inner.atomic_unlink
+class _Forwarder:
+    inner: MetadataStore
 
+
+class ForwardMetaKV(_Forwarder):
     def get_meta(self, key: str) -> str | None:
         return self.inner.get_meta(key)
 
@@ -44,9 +57,8 @@ class ForwardingStore(MetadataStore):
     def iter_meta(self, prefix: str) -> Iterator[tuple[str, str]]:
         return self.inner.iter_meta(prefix)
 
-    def check_id(self, what: str, name: str) -> None:
-        self.inner.check_id(what, name)
 
+class ForwardBlobRows(_Forwarder):
     def has_blobs(self, digests: Iterable[bytes]) -> set[bytes]:
         return self.inner.has_blobs(digests)
 
@@ -62,6 +74,14 @@ class ForwardingStore(MetadataStore):
     def iter_blob_digests(self) -> Iterator[bytes]:
         return self.inner.iter_blob_digests()
 
+    def iter_blob_info(self) -> Iterator[BlobInfo]:
+        return self.inner.iter_blob_info()
+
+    def repoint_blobs(self, changes: Sequence[tuple[bytes, bytes, bytes]]) -> int:
+        return self.inner.repoint_blobs(changes)
+
+
+class ForwardLogRows(_Forwarder):
     def log_info(self, log: str) -> LogInfo | None:
         return self.inner.log_info(log)
 
@@ -74,11 +94,16 @@ class ForwardingStore(MetadataStore):
     def append_log(self, append: LogAppend) -> None:
         self.inner.append_log(append)
 
+    def log_sizes(self) -> dict[str, tuple[int, int]]:
+        return self.inner.log_sizes()
+
+    def delete_logs(self, logs: Sequence[str]) -> None:
+        self.inner.delete_logs(logs)
+
+
+class ForwardCheckpointRecords(_Forwarder):
     def commit(self, commit: Commit) -> None:
         self.inner.commit(commit)
-
-    def flush(self) -> None:
-        self.inner.flush()
 
     def get_checkpoint(self, ident: str) -> CheckpointRow | None:
         return self.inner.get_checkpoint(ident)
@@ -94,8 +119,19 @@ class ForwardingStore(MetadataStore):
     def sessions(self) -> list[str]:
         return self.inner.sessions()
 
+    def iter_checkpoints(self) -> Iterator[CheckpointRow]:
+        return self.inner.iter_checkpoints()
+
+    def check_id(self, what: str, name: str) -> None:
+        self.inner.check_id(what, name)
+
+
+class ForwardRefs(_Forwarder):
     def branches(self, session: str) -> dict[str, str]:
         return self.inner.branches(session)
+
+    def get_head(self, session: str, branch: str) -> str | None:
+        return self.inner.get_head(session, branch)
 
     def set_head(
         self,
@@ -114,9 +150,8 @@ class ForwardingStore(MetadataStore):
     def labels(self, session: str) -> dict[str, str]:
         return self.inner.labels(session)
 
-    def close(self) -> None:
-        self.inner.close()
 
+class ForwardLeases(_Forwarder):
     def acquire_lease(self, session: str, owner: str, ttl: float) -> LeaseInfo:
         return self.inner.acquire_lease(session, owner, ttl)
 
@@ -129,21 +164,8 @@ class ForwardingStore(MetadataStore):
     def lease_info(self, session: str) -> LeaseInfo | None:
         return self.inner.lease_info(session)
 
-    def iter_checkpoints(self) -> Iterator[CheckpointRow]:
-        return self.inner.iter_checkpoints()
 
-    def iter_blob_info(self) -> Iterator[BlobInfo]:
-        return self.inner.iter_blob_info()
-
-    def log_sizes(self) -> dict[str, tuple[int, int]]:
-        return self.inner.log_sizes()
-
-    def mark_pruned(self, session: str, ids: Sequence[str], at: str) -> list[str]:
-        return self.inner.mark_pruned(session, ids, at)
-
-    def pruned(self, session: str) -> dict[str, str]:
-        return self.inner.pruned(session)
-
+class ForwardCollection(_Forwarder):
     def condemn(self, digests: Sequence[bytes], at: float, epoch: str | None = None) -> None:
         self.inner.condemn(digests, at, epoch)
 
@@ -164,28 +186,53 @@ class ForwardingStore(MetadataStore):
     ) -> list[bytes]:
         return self.inner.sweep_blobs(digests, before, unlink)
 
-    def delete_logs(self, logs: Sequence[str]) -> None:
-        self.inner.delete_logs(logs)
-
-    def repoint_blobs(self, changes: Sequence[tuple[bytes, bytes, bytes]]) -> int:
-        return self.inner.repoint_blobs(changes)
-
     def vacuum(self) -> None:
         self.inner.vacuum()
 
-    # Writers in flight and the GC epoch cache live on the backend, which ends a write on
-    # commit and refreshes the epoch: a wrapper keeps no copy of either.
-    def begin_write(self) -> None:
-        self.inner.begin_write()
-
-    def end_write(self) -> None:
-        self.inner.end_write()
-
-    def writers_in_flight(self) -> int:
-        return self.inner.writers_in_flight()
-
+    # The epoch cache lives on the backend, which refreshes it as it commits and condemns.
     def read_gc_epoch(self, max_age: float = EPOCH_MAX_AGE) -> str:
         return self.inner.read_gc_epoch(max_age)
 
     def note_gc_epoch(self, value: str | None) -> None:
         self.inner.note_gc_epoch(value)
+
+
+class ForwardRetention(_Forwarder):
+    def mark_pruned(self, session: str, ids: Sequence[str], at: str) -> list[str]:
+        return self.inner.mark_pruned(session, ids, at)
+
+    def pruned(self, session: str) -> dict[str, str]:
+        return self.inner.pruned(session)
+
+
+class ForwardLifecycle(_Forwarder):
+    def flush(self) -> None:
+        self.inner.flush()
+
+    def close(self) -> None:
+        self.inner.close()
+
+
+class ForwardingStore(
+    ForwardMetaKV,
+    ForwardBlobRows,
+    ForwardLogRows,
+    ForwardCheckpointRecords,
+    ForwardRefs,
+    ForwardLeases,
+    ForwardCollection,
+    ForwardRetention,
+    ForwardLifecycle,
+    MetadataStore,
+):
+    """A :class:`MetadataStore` that hands every call to ``inner``; subclasses override the
+    operations they change."""
+
+    def __init__(self, inner: MetadataStore) -> None:
+        self.inner = inner
+        self.url = inner.url
+        self.durability = inner.durability
+        self.defers_commits = inner.defers_commits
+        self.atomic_unlink = inner.atomic_unlink
+        self.capabilities = inner.capabilities
+        self.writers = inner.writers  # shared: the backend's commit ends a write begun here

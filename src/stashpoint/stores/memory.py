@@ -30,6 +30,7 @@ __all__ = ["MemoryStore"]
 
 class MemoryStore(MetadataStore):
     def __init__(self) -> None:
+        super().__init__()
         self.url = "memory://"
         self.durability = "none: in this process's memory only"
         self._lock = threading.RLock()
@@ -127,7 +128,7 @@ class MemoryStore(MetadataStore):
             self._checkpoints[row.id] = row
             if commit.move_head:
                 self._heads[key] = row.id
-        self.end_write()
+        self.writers.end()
 
     def get_checkpoint(self, ident: str) -> CheckpointRow | None:
         return self._checkpoints.get(ident)

@@ -244,6 +244,7 @@ class PostgresStore(SqlStore):
     session_lock = "SELECT pg_advisory_xact_lock(21328, hashtext(?))"  # 21328: "SP"
 
     def __init__(self, url: str) -> None:
+        super().__init__()
         psycopg = _driver()
         self.url = url
         conninfo, options = _split_url(url)
@@ -478,7 +479,7 @@ class PostgresStore(SqlStore):
             ),
         )
         self.note_gc_epoch(str(epoch) if epoch is not None else "0")
-        self.end_write()
+        self.writers.end()
 
     def flush(self) -> None:
         """One synchronous commit that writes a commit record: PostgreSQL flushes its WAL up to

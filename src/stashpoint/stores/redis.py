@@ -298,6 +298,7 @@ class RedisStore(MetadataStore):
     atomic_unlink = False
 
     def __init__(self, url: str) -> None:
+        super().__init__()
         redis = _driver()
         base, _, query = url.partition("?")
         self.prefix = (parse_qs(query).get("prefix", ["sp:"])[0]).encode()
@@ -471,7 +472,7 @@ class RedisStore(MetadataStore):
             raise ConflictError(
                 f"commit of {r.id} lost a race ({result.decode()}); another writer got there first"
             )
-        self.end_write()
+        self.writers.end()
 
     def get_checkpoint(self, ident: str) -> CheckpointRow | None:
         h = self._call(self._r.hgetall, self._k("cp:", ident))

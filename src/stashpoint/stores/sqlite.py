@@ -55,6 +55,7 @@ class SqliteStore(SqlStore):
     bytewise_keys = True
 
     def __init__(self, path: str | Path, *, synchronous: str = "FULL") -> None:
+        super().__init__()
         self.path = Path(path)
         self._synchronous = synchronous.upper()
         self._sync_now = self._synchronous

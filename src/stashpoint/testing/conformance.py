@@ -1,7 +1,12 @@
-"""Conformance suite for :class:`stashpoint.stores.base.MetadataStore` backends.
+"""Conformance suite for :class:`stashpoint.stores.base.MetadataStore` backends, in tiers.
 
-Subclass :class:`MetadataStoreConformance` in a pytest module and provide a ``make_store``
-fixture that returns a fresh, empty store; every backend runs the same assertions::
+The core tier (:class:`CoreConformance`: meta, blob rows, logs, records, refs) is for every
+backend; :class:`LeaseConformance`, :class:`CollectionConformance` and
+:class:`RetentionConformance` check an optional capability and run only when the backend
+declares it in ``capabilities`` (:class:`~stashpoint.stores.base.Capability`), as a backend
+without leases or GC still passes what it claims. Subclass :class:`MetadataStoreConformance`
+(every tier) in a pytest module and provide a ``make_store`` fixture that returns a fresh,
+empty store; every backend runs the same assertions::
 
     class TestMyStore(MetadataStoreConformance):
         @pytest.fixture
@@ -15,7 +20,7 @@ import hashlib
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import pytest
 
@@ -23,6 +28,7 @@ from ..errors import ConflictError, IntegrityError, LeaseHeld, LeaseLost, PackMi
 from ..stores.base import (
     BlobInfo,
     BlobRow,
+    Capability,
     CheckpointRow,
     Commit,
     Fence,
@@ -32,7 +38,14 @@ from ..stores.base import (
     MetadataStore,
 )
 
-__all__ = ["BlobBackendConformance", "MetadataStoreConformance"]
+__all__ = [
+    "BlobBackendConformance",
+    "CollectionConformance",
+    "CoreConformance",
+    "LeaseConformance",
+    "MetadataStoreConformance",
+    "RetentionConformance",
+]
 
 
 def _row(
@@ -46,14 +59,41 @@ def _blob(data: bytes) -> BlobRow:
     return BlobRow(hashlib.sha256(data).digest(), 0, len(data), data)
 
 
-class MetadataStoreConformance:
-    """Every backend must pass these; ``make_store`` is supplied by the subclass."""
+_NEEDS = "_stashpoint_capability"
+
+_C = TypeVar("_C", bound=type)
+
+
+def _tier(capability: Capability) -> Callable[[_C], _C]:
+    """Mark every test of a tier class with the capability it needs: on the functions, not
+    the class, so that the composite suite still knows each test's tier."""
+
+    def mark(cls: _C) -> _C:
+        for name, fn in vars(cls).items():
+            if name.startswith("test_"):
+                setattr(fn, _NEEDS, capability)
+        return cls
+
+    return mark
+
+
+class _Tier:
+    """A tier's tests; those of an optional capability are skipped unless the backend
+    declares it (``capabilities``)."""
 
     @pytest.fixture
-    def ms(self, make_store: Callable[[], MetadataStore]) -> Any:
+    def ms(self, make_store: Callable[[], MetadataStore], request: Any) -> Any:
         store = make_store()
+        needs: Capability | None = getattr(request.function, _NEEDS, None)
+        if needs is not None and needs not in store.capabilities:
+            store.close()
+            pytest.skip(f"the backend does not declare {needs.value}")
         yield store
         store.close()
+
+
+class CoreConformance(_Tier):
+    """Meta key-value, blob rows, logs, checkpoint records, refs: every backend."""
 
     def test_meta_set_get_delete(self, ms: MetadataStore) -> None:
         assert ms.get_meta("k") is None
@@ -249,6 +289,7 @@ class MetadataStoreConformance:
         assert ms.branches("séssion ☃") == {"brånch": "01U"}
 
     # -- retention and garbage collection -------------------------------------------------
+
     def test_iter_checkpoints_and_meta(self, ms: MetadataStore) -> None:
         ms.commit(Commit(_row("01A"), None))
         ms.commit(Commit(_row("01B", session="t"), None, move_head=False))  # no head yet
@@ -279,44 +320,147 @@ class MetadataStoreConformance:
         ms.append_log(LogAppend("L1", 0, msgs, LogInfo("s", None, 0, 0)))
         assert ms.log_sizes() == {"L1": (2, 32 * 2 + 2 + 4)}
 
-    def test_pruned_marks_skip_heads_and_strangers(self, ms: MetadataStore) -> None:
-        ms.commit(Commit(_row("01A"), None))
-        ms.commit(Commit(_row("01B", "01A"), "01A"))
-        ms.commit(Commit(_row("01X", session="other"), None))
-        got = ms.mark_pruned("s", ["01A", "01B", "01X", "01NOPE"], "2026-01-01T00:00:00Z")
-        assert got == ["01A"], "heads, other sessions' and unknown ids are never pruned"
-        assert ms.mark_pruned("s", ["01A"], "later") == []
-        assert ms.pruned("s") == {"01A": "2026-01-01T00:00:00Z"}
-        assert ms.pruned("other") == {}
-        assert ms.get_checkpoint("01A") is not None, "the record stays for the hash chain"
+    def test_delete_logs(self, ms: MetadataStore) -> None:
+        e = [(hashlib.sha256(bytes([i])).digest(), f"e{i}".encode()) for i in range(3)]
+        ms.append_log(LogAppend("L1", 0, e[:2], LogInfo("s", None, 0, 0)))
+        ms.append_log(LogAppend("L2", 2, e[2:], LogInfo("s", "L1", 2, 2)))
+        ms.delete_logs(["L2", "NOPE"])
+        assert ms.log_info("L2") is None
+        assert ms.read_messages("L2", 0, 9) == []
+        assert dict(ms.iter_logs()).keys() == {"L1"}
+        assert ms.log_info("L1") == LogInfo("s", None, 0, 2)
+        ms.delete_logs(["L2"])  # idempotent
+        # the id is free again: a new log of that name starts empty
+        ms.append_log(LogAppend("L2", 0, e[:1], LogInfo("s", None, 0, 0)))
+        assert ms.log_info("L2") == LogInfo("s", None, 0, 1)
 
-    def test_a_checkpoint_labelled_since_the_plan_is_not_pruned(self, ms: MetadataStore) -> None:
-        """Retention plans without labelled checkpoints; one labelled between the plan and the
-        marks must still be kept (GC would free what its label promises to keep)."""
-        ms.commit(Commit(_row("01A"), None))
-        ms.commit(Commit(_row("01B", "01A"), "01A"))
-        ms.commit(Commit(_row("01C", "01B"), "01B"))
-        ms.set_label("01A", "s", "keep me")
-        assert ms.mark_pruned("s", ["01A", "01B"], "2026-01-01T00:00:00Z") == ["01B"]
-        assert ms.pruned("s") == {"01B": "2026-01-01T00:00:00Z"}
-        ms.set_label("01A", "s", None)
-        assert ms.mark_pruned("s", ["01A"], "later") == ["01A"]
+    def test_repoint_is_compare_and_set(self, ms: MetadataStore) -> None:
+        old = b"\x01" + b"\x00" * 12 + b"OLDPACK"
+        new = b"\x01" + b"\x00" * 12 + b"NEWPACK"
+        d = hashlib.sha256(b"packed").digest()
+        ms.put_blobs([BlobRow(d, 3, 6, old)])
+        assert ms.repoint_blobs([(d, b"other", new)]) == 0
+        assert ms.repoint_blobs([(d, old, new)]) == 1
+        assert ms.get_blob(d) == BlobRow(d, 3, 6, new)
+        assert ms.repoint_blobs([(d, old, new)]) == 0
+        assert ms.repoint_blobs([]) == 0
 
-    def test_a_head_never_moves_to_a_pruned_checkpoint(self, ms: MetadataStore) -> None:
-        """Retention may mark a checkpoint between the engine's check and its head move (a
-        rewind, a fork): the move itself refuses, so a head's contents are never freed."""
-        from ..errors import PrunedError
+    def test_artifact_chunks_as_rows(self, ms: MetadataStore, tmp_path: Path) -> None:
+        """Artifacts on a store without a blob directory: every content-defined
+        chunk is a blob row of this backend; an insertion re-stores about one chunk."""
+        import random
 
-        ms.commit(Commit(_row("01A"), None))
-        ms.commit(Commit(_row("01B", "01A"), "01A"))
-        assert ms.mark_pruned("s", ["01A"], "2026-01-01T00:00:00Z") == ["01A"]
-        with pytest.raises(PrunedError, match="01A"):
-            ms.set_head("s", "main", "01A", "01B")
-        with pytest.raises(PrunedError, match="01A"):
-            ms.set_head("s", "fork", "01A", None)
-        assert ms.branches("s") == {"main": "01B"}
-        ms.set_head("s", "fork", "01B", None)  # a kept checkpoint: fine
-        assert ms.branches("s") == {"main": "01B", "fork": "01B"}
+        from .._store import Store
+
+        store = Store(ms)
+        run = store.session("artifacts")
+        src = tmp_path / "artifact.bin"
+        data = random.Random(25).randbytes(3 << 20)
+        src.write_bytes(data)
+        cp1 = run.checkpoint(artifacts={"a": src})
+        ref = cp1.artifacts["a"]
+        assert (ref.size, ref.path) == (len(data), str(src)) and ref.chunks > 2
+        before = {i.digest for i in ms.iter_blob_info()}
+        src.write_bytes(data[:1000] + b"inserted" + data[1000:])
+        cp2 = run.checkpoint(artifacts={"a": src})
+        added = {i.digest for i in ms.iter_blob_info()} - before
+        assert 2 <= len(added) <= 3  # the changed chunk(s) and the new chunk list
+        assert b"".join(run.read_artifact(cp1.id, "a")) == data
+        out = run.fetch_artifact(cp2.id, "a", tmp_path / "out.bin")
+        assert out.read_bytes() == src.read_bytes()
+
+
+@_tier(Capability.LEASES)
+class LeaseConformance(_Tier):
+    """Leases and fencing tokens (:class:`~stashpoint.stores.base.Leases`)."""
+
+    def test_lease_is_exclusive_and_reentrant(self, ms: MetadataStore) -> None:
+        a = ms.acquire_lease("s", "worker-a", 30)
+        assert (a.session, a.owner, a.token) == ("s", "worker-a", 1)
+        assert ms.acquire_lease("s", "worker-a", 30).token == 1  # extended, same token
+        with pytest.raises(LeaseHeld) as held:
+            ms.acquire_lease("s", "worker-b", 30)
+        assert held.value.owner == "worker-a" and held.value.expires_in > 0
+        assert held.value.exit_code == 3
+        other = ms.acquire_lease("t", "worker-b", 30)  # leases are per session
+        assert other.token == 1
+        info = ms.lease_info("s")
+        assert info is not None and info.owner == "worker-a" and info.expires_in > 0
+        assert ms.lease_info("nobody") is None
+
+    def test_expired_lease_is_taken_over_and_old_holder_fenced(self, ms: MetadataStore) -> None:
+        old = ms.acquire_lease("s", "worker-a", 0.2)
+        old_fence = Fence("s", old.token)
+        ms.commit(Commit(_row("01A"), None, fence=old_fence))
+        time.sleep(0.4)
+        info = ms.lease_info("s")
+        assert info is not None and info.expires_in < 0
+        new = ms.acquire_lease("s", "worker-b", 30)
+        assert new.token == old.token + 1
+        new_fence = Fence("s", new.token)
+        with pytest.raises(LeaseLost):
+            ms.commit(Commit(_row("01B", "01A"), "01A", fence=old_fence))
+        with pytest.raises(LeaseLost):
+            ms.append_log(
+                LogAppend("L", 0, [(b"c" * 32, b"m")], LogInfo("s", None, 0, 0), old_fence)
+            )
+        with pytest.raises(LeaseLost):
+            ms.set_head("s", "main", "01A", "01A", fence=old_fence)
+        assert not ms.renew_lease(old_fence, 30)
+        ms.release_lease(old_fence)  # a stale release must not free the new holder's lease
+        assert ms.get_checkpoint("01B") is None and ms.get_head("s", "main") == "01A"
+        ms.commit(Commit(_row("01C", "01A"), "01A", fence=new_fence))
+        assert ms.get_head("s", "main") == "01C"
+        assert ms.renew_lease(new_fence, 30)
+        with pytest.raises(LeaseHeld):
+            ms.acquire_lease("s", "worker-a", 30)
+
+    def test_unfenced_writes_wait_for_the_lease(self, ms: MetadataStore) -> None:
+        got = ms.acquire_lease("s", "worker-a", 30)
+        with pytest.raises(LeaseHeld):
+            ms.commit(Commit(_row("01A"), None))
+        assert ms.get_checkpoint("01A") is None
+        ms.commit(Commit(_row("01A"), None, fence=Fence("s", got.token)))
+        with pytest.raises(LeaseHeld):
+            ms.set_head("s", "main", "01A", "01A")
+        ms.commit(Commit(_row("01X", session="t"), None))  # other sessions are not affected
+        ms.release_lease(Fence("s", got.token))
+        ms.commit(Commit(_row("01B", "01A"), "01A"))  # released: anyone may write again
+        again = ms.acquire_lease("s", "worker-b", 30)
+        assert again.token == got.token + 1  # tokens never repeat, also after a release
+
+    def test_a_released_lease_is_not_renewed(self, ms: MetadataStore) -> None:
+        """A renewal still in flight when its holder released the lease (a slow network, a
+        renew thread that outlived release's wait) must not bring the lease back for a ttl,
+        shutting every other writer out of a session nobody works on."""
+        got = ms.acquire_lease("s", "worker-a", 30)
+        fence = Fence("s", got.token)
+        assert ms.renew_lease(fence, 30)
+        ms.release_lease(fence)
+        assert not ms.renew_lease(fence, 30)
+        info = ms.lease_info("s")
+        assert info is not None and info.expires_in <= 0
+        ms.commit(Commit(_row("01A"), None))  # anyone may write again
+        assert ms.acquire_lease("s", "worker-b", 30).token == got.token + 1
+
+    def test_unfenced_appends_wait_for_the_lease(self, ms: MetadataStore) -> None:
+        """A durable run's journal append names its session: without the lease's token it
+        is refused while another worker holds a live lease (it may have started before)."""
+        ms.append_log(
+            LogAppend("L1", 0, [(b"\0" * 32, b"a")], LogInfo("s", None, 0, 0), session="s")
+        )
+        got = ms.acquire_lease("s", "worker-b", 30)
+        with pytest.raises(LeaseHeld, match="worker-b"):
+            ms.append_log(LogAppend("L1", 1, [(b"\1" * 32, b"b")], session="s"))
+        fence = Fence("s", got.token)
+        ms.append_log(LogAppend("L1", 1, [(b"\1" * 32, b"b")], fence=fence, session="s"))
+        ms.append_log(LogAppend("L2", 0, [(b"\2" * 32, b"c")], LogInfo("t", None, 0, 0)))
+        assert [r.data for r in ms.read_messages("L1", 0, 5)] == [b"a", b"b"]
+
+
+@_tier(Capability.COLLECTION)
+class CollectionConformance(_Tier):
+    """Condemned blobs, sweeps, the GC epoch (:class:`~stashpoint.stores.base.Collection`)."""
 
     def test_condemned_blobs_look_absent_until_revived(self, ms: MetadataStore) -> None:
         a, b = _blob(b"alpha"), _blob(b"beta")
@@ -398,88 +542,53 @@ class MetadataStoreConformance:
         ms.commit(Commit(_row("01B", "01A"), "01A", gc_epoch="7"))
         ms.commit(Commit(_row("01C", "01B"), "01B"))  # no epoch: no check
 
-    def test_delete_logs(self, ms: MetadataStore) -> None:
-        e = [(hashlib.sha256(bytes([i])).digest(), f"e{i}".encode()) for i in range(3)]
-        ms.append_log(LogAppend("L1", 0, e[:2], LogInfo("s", None, 0, 0)))
-        ms.append_log(LogAppend("L2", 2, e[2:], LogInfo("s", "L1", 2, 2)))
-        ms.delete_logs(["L2", "NOPE"])
-        assert ms.log_info("L2") is None
-        assert ms.read_messages("L2", 0, 9) == []
-        assert dict(ms.iter_logs()).keys() == {"L1"}
-        assert ms.log_info("L1") == LogInfo("s", None, 0, 2)
-        ms.delete_logs(["L2"])  # idempotent
-        # the id is free again: a new log of that name starts empty
-        ms.append_log(LogAppend("L2", 0, e[:1], LogInfo("s", None, 0, 0)))
-        assert ms.log_info("L2") == LogInfo("s", None, 0, 1)
 
-    def test_repoint_is_compare_and_set(self, ms: MetadataStore) -> None:
-        old = b"\x01" + b"\x00" * 12 + b"OLDPACK"
-        new = b"\x01" + b"\x00" * 12 + b"NEWPACK"
-        d = hashlib.sha256(b"packed").digest()
-        ms.put_blobs([BlobRow(d, 3, 6, old)])
-        assert ms.repoint_blobs([(d, b"other", new)]) == 0
-        assert ms.repoint_blobs([(d, old, new)]) == 1
-        assert ms.get_blob(d) == BlobRow(d, 3, 6, new)
-        assert ms.repoint_blobs([(d, old, new)]) == 0
-        assert ms.repoint_blobs([]) == 0
+@_tier(Capability.RETENTION)
+class RetentionConformance(_Tier):
+    """Pruned marks (:class:`~stashpoint.stores.base.Retention`)."""
 
-    # -- leases and fencing ---------------------------------------------------------------
-    def test_lease_is_exclusive_and_reentrant(self, ms: MetadataStore) -> None:
-        a = ms.acquire_lease("s", "worker-a", 30)
-        assert (a.session, a.owner, a.token) == ("s", "worker-a", 1)
-        assert ms.acquire_lease("s", "worker-a", 30).token == 1  # extended, same token
-        with pytest.raises(LeaseHeld) as held:
-            ms.acquire_lease("s", "worker-b", 30)
-        assert held.value.owner == "worker-a" and held.value.expires_in > 0
-        assert held.value.exit_code == 3
-        other = ms.acquire_lease("t", "worker-b", 30)  # leases are per session
-        assert other.token == 1
-        info = ms.lease_info("s")
-        assert info is not None and info.owner == "worker-a" and info.expires_in > 0
-        assert ms.lease_info("nobody") is None
+    def test_pruned_marks_skip_heads_and_strangers(self, ms: MetadataStore) -> None:
+        ms.commit(Commit(_row("01A"), None))
+        ms.commit(Commit(_row("01B", "01A"), "01A"))
+        ms.commit(Commit(_row("01X", session="other"), None))
+        got = ms.mark_pruned("s", ["01A", "01B", "01X", "01NOPE"], "2026-01-01T00:00:00Z")
+        assert got == ["01A"], "heads, other sessions' and unknown ids are never pruned"
+        assert ms.mark_pruned("s", ["01A"], "later") == []
+        assert ms.pruned("s") == {"01A": "2026-01-01T00:00:00Z"}
+        assert ms.pruned("other") == {}
+        assert ms.get_checkpoint("01A") is not None, "the record stays for the hash chain"
 
-    def test_expired_lease_is_taken_over_and_old_holder_fenced(self, ms: MetadataStore) -> None:
-        old = ms.acquire_lease("s", "worker-a", 0.2)
-        old_fence = Fence("s", old.token)
-        ms.commit(Commit(_row("01A"), None, fence=old_fence))
-        time.sleep(0.4)
-        info = ms.lease_info("s")
-        assert info is not None and info.expires_in < 0
-        new = ms.acquire_lease("s", "worker-b", 30)
-        assert new.token == old.token + 1
-        new_fence = Fence("s", new.token)
-        with pytest.raises(LeaseLost):
-            ms.commit(Commit(_row("01B", "01A"), "01A", fence=old_fence))
-        with pytest.raises(LeaseLost):
-            ms.append_log(
-                LogAppend("L", 0, [(b"c" * 32, b"m")], LogInfo("s", None, 0, 0), old_fence)
-            )
-        with pytest.raises(LeaseLost):
-            ms.set_head("s", "main", "01A", "01A", fence=old_fence)
-        assert not ms.renew_lease(old_fence, 30)
-        ms.release_lease(old_fence)  # a stale release must not free the new holder's lease
-        assert ms.get_checkpoint("01B") is None and ms.get_head("s", "main") == "01A"
-        ms.commit(Commit(_row("01C", "01A"), "01A", fence=new_fence))
-        assert ms.get_head("s", "main") == "01C"
-        assert ms.renew_lease(new_fence, 30)
-        with pytest.raises(LeaseHeld):
-            ms.acquire_lease("s", "worker-a", 30)
+    def test_a_checkpoint_labelled_since_the_plan_is_not_pruned(self, ms: MetadataStore) -> None:
+        """Retention plans without labelled checkpoints; one labelled between the plan and the
+        marks must still be kept (GC would free what its label promises to keep)."""
+        ms.commit(Commit(_row("01A"), None))
+        ms.commit(Commit(_row("01B", "01A"), "01A"))
+        ms.commit(Commit(_row("01C", "01B"), "01B"))
+        ms.set_label("01A", "s", "keep me")
+        assert ms.mark_pruned("s", ["01A", "01B"], "2026-01-01T00:00:00Z") == ["01B"]
+        assert ms.pruned("s") == {"01B": "2026-01-01T00:00:00Z"}
+        ms.set_label("01A", "s", None)
+        assert ms.mark_pruned("s", ["01A"], "later") == ["01A"]
 
-    def test_unfenced_writes_wait_for_the_lease(self, ms: MetadataStore) -> None:
-        got = ms.acquire_lease("s", "worker-a", 30)
-        with pytest.raises(LeaseHeld):
-            ms.commit(Commit(_row("01A"), None))
-        assert ms.get_checkpoint("01A") is None
-        ms.commit(Commit(_row("01A"), None, fence=Fence("s", got.token)))
-        with pytest.raises(LeaseHeld):
-            ms.set_head("s", "main", "01A", "01A")
-        ms.commit(Commit(_row("01X", session="t"), None))  # other sessions are not affected
-        ms.release_lease(Fence("s", got.token))
-        ms.commit(Commit(_row("01B", "01A"), "01A"))  # released: anyone may write again
-        again = ms.acquire_lease("s", "worker-b", 30)
-        assert again.token == got.token + 1  # tokens never repeat, also after a release
+    def test_a_head_never_moves_to_a_pruned_checkpoint(self, ms: MetadataStore) -> None:
+        """Retention may mark a checkpoint between the engine's check and its head move (a
+        rewind, a fork): the move itself refuses, so a head's contents are never freed."""
+        from ..errors import PrunedError
+
+        ms.commit(Commit(_row("01A"), None))
+        ms.commit(Commit(_row("01B", "01A"), "01A"))
+        assert ms.mark_pruned("s", ["01A"], "2026-01-01T00:00:00Z") == ["01A"]
+        with pytest.raises(PrunedError, match="01A"):
+            ms.set_head("s", "main", "01A", "01B")
+        with pytest.raises(PrunedError, match="01A"):
+            ms.set_head("s", "fork", "01A", None)
+        assert ms.branches("s") == {"main": "01B"}
+        ms.set_head("s", "fork", "01B", None)  # a kept checkpoint: fine
+        assert ms.branches("s") == {"main": "01B", "fork": "01B"}
 
     def test_retention_leaves_a_leased_session_to_its_holder(self, ms: MetadataStore) -> None:
+        if Capability.LEASES not in ms.capabilities:
+            pytest.skip("the backend declares no leases")
         ms.commit(Commit(_row("01A"), None))
         ms.commit(Commit(_row("01B", "01A"), "01A"))
         got = ms.acquire_lease("s", "worker-a", 30)
@@ -489,57 +598,13 @@ class MetadataStoreConformance:
         ms.release_lease(Fence("s", got.token))
         assert ms.mark_pruned("s", ["01A"], "now") == ["01A"]
 
-    def test_a_released_lease_is_not_renewed(self, ms: MetadataStore) -> None:
-        """A renewal still in flight when its holder released the lease (a slow network, a
-        renew thread that outlived release's wait) must not bring the lease back for a ttl,
-        shutting every other writer out of a session nobody works on."""
-        got = ms.acquire_lease("s", "worker-a", 30)
-        fence = Fence("s", got.token)
-        assert ms.renew_lease(fence, 30)
-        ms.release_lease(fence)
-        assert not ms.renew_lease(fence, 30)
-        info = ms.lease_info("s")
-        assert info is not None and info.expires_in <= 0
-        ms.commit(Commit(_row("01A"), None))  # anyone may write again
-        assert ms.acquire_lease("s", "worker-b", 30).token == got.token + 1
 
-    def test_unfenced_appends_wait_for_the_lease(self, ms: MetadataStore) -> None:
-        """A durable run's journal append names its session: without the lease's token it
-        is refused while another worker holds a live lease (it may have started before)."""
-        ms.append_log(
-            LogAppend("L1", 0, [(b"\0" * 32, b"a")], LogInfo("s", None, 0, 0), session="s")
-        )
-        got = ms.acquire_lease("s", "worker-b", 30)
-        with pytest.raises(LeaseHeld, match="worker-b"):
-            ms.append_log(LogAppend("L1", 1, [(b"\1" * 32, b"b")], session="s"))
-        fence = Fence("s", got.token)
-        ms.append_log(LogAppend("L1", 1, [(b"\1" * 32, b"b")], fence=fence, session="s"))
-        ms.append_log(LogAppend("L2", 0, [(b"\2" * 32, b"c")], LogInfo("t", None, 0, 0)))
-        assert [r.data for r in ms.read_messages("L1", 0, 5)] == [b"a", b"b"]
-
-    def test_artifact_chunks_as_rows(self, ms: MetadataStore, tmp_path: Path) -> None:
-        """Artifacts on a store without a blob directory: every content-defined
-        chunk is a blob row of this backend; an insertion re-stores about one chunk."""
-        import random
-
-        from .._store import Store
-
-        store = Store(ms)
-        run = store.session("artifacts")
-        src = tmp_path / "artifact.bin"
-        data = random.Random(25).randbytes(3 << 20)
-        src.write_bytes(data)
-        cp1 = run.checkpoint(artifacts={"a": src})
-        ref = cp1.artifacts["a"]
-        assert (ref.size, ref.path) == (len(data), str(src)) and ref.chunks > 2
-        before = {i.digest for i in ms.iter_blob_info()}
-        src.write_bytes(data[:1000] + b"inserted" + data[1000:])
-        cp2 = run.checkpoint(artifacts={"a": src})
-        added = {i.digest for i in ms.iter_blob_info()} - before
-        assert 2 <= len(added) <= 3  # the changed chunk(s) and the new chunk list
-        assert b"".join(run.read_artifact(cp1.id, "a")) == data
-        out = run.fetch_artifact(cp2.id, "a", tmp_path / "out.bin")
-        assert out.read_bytes() == src.read_bytes()
+class MetadataStoreConformance(
+    CoreConformance, LeaseConformance, CollectionConformance, RetentionConformance
+):
+    """Every tier: the core, and each optional capability the backend declares in its
+    ``capabilities`` (all of them, for the built-in backends). ``make_store`` is supplied by
+    the subclass."""
 
 
 class BlobBackendConformance:
