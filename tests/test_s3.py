@@ -72,6 +72,7 @@ def _start_seaweedfs(weed: str, data: Path) -> tuple[subprocess.Popen[bytes], st
     cmd = [
         weed, "server", f"-dir={data}", "-ip=127.0.0.1", "-ip.bind=127.0.0.1",
         "-master.telemetry=false", "-master.volumeSizeLimitMB=64", "-volume.max=16", "-s3",
+        "-s3.port.iceberg=0", "-s3.port.lance=0",  # fixed default ports: two servers would clash
         *(f"{flag}={port}" for flag, port in ports.items()),
     ]  # fmt: skip
     log = open(data / "weed.log", "wb")  # noqa: SIM115 - closed with the process below
