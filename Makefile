@@ -30,6 +30,7 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff check src tests bench examples tools
 	$(VENV)/bin/ruff format --check src tests bench examples tools
 	$(VENV)/bin/mypy --strict src/stashpoint
+	$(VENV)/bin/lint-imports
 
 $(VENV)/.bench-installed: $(STAMP)
 	$(PY) -m pip install --quiet -e '.[dev,bench]'

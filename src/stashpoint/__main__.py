@@ -1,3 +1,5 @@
+"""``python -m stashpoint``: the command line."""
+
 from stashpoint.cli import main
 
 main()

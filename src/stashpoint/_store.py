@@ -7,7 +7,7 @@ import contextlib
 import hashlib
 import json
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -16,7 +16,7 @@ from .blobs.backend import BlobBackend
 from .blobs.local import LocalBlobStore
 from .blobs.objects import Blobs
 from .durability import DURABILITY_META, Durability, GroupCommit, resolve
-from .errors import IntegrityError, NotFoundError, UsageError
+from .errors import IntegrityError, NotFoundError, PrunedError, UsageError
 from .integrity import ChainHasher
 from .model import Checkpoint
 from .stores.base import CheckpointRow, MetadataStore
@@ -28,7 +28,7 @@ if TYPE_CHECKING:
     from .lease import Lease
     from .session import Session
 
-__all__ = ["DEFAULT_DIR", "Store", "ignore_store_dir"]
+__all__ = ["DEFAULT_DIR", "Store", "check_not_pruned", "ignore_store_dir"]
 
 ENCRYPTION_META = "encryption"
 """Store meta key marking an encrypted store: cipher, KDF and key id (never the key)."""
@@ -338,3 +338,18 @@ def config_hash(config: Any) -> str | None:
 
     data = msgspec.json.encode(to_tree(config), order="sorted")
     return hashlib.sha256(data).hexdigest()
+
+
+def check_not_pruned(store: Store, cp: Checkpoint | Sequence[Checkpoint]) -> None:
+    """Raise :class:`PrunedError` if a checkpoint's contents were released by retention.
+
+    For the engine to call before reading a checkpoint's state, files or journal.
+    """
+    cps = [cp] if isinstance(cp, Checkpoint) else list(cp)
+    by_session: dict[str, dict[str, str]] = {}
+    for c in cps:
+        marks = by_session.get(c.session)
+        if marks is None:
+            marks = by_session[c.session] = store.meta.pruned(c.session)
+        if c.id in marks:
+            raise PrunedError(c.id, marks[c.id])

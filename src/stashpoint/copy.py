@@ -25,18 +25,17 @@ from __future__ import annotations
 
 import io
 import os
-import re
 import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
-from urllib.parse import unquote_plus, urlsplit
 
 from ._fsutil import TMP_MARK
 from ._store import Problem, Store
 from .bundle import TRUSTED, _Exporter, import_bundle, kill_point, read_bundle_from
 from .errors import ClashError as Clash
 from .errors import ConflictError, IntegrityError, NotFoundError, StoreError, UsageError
+from .urls import printable_url
 
 if TYPE_CHECKING:
     from _typeshed import ReadableBuffer
@@ -250,37 +249,6 @@ class _TempBundle(io.RawIOBase):
         if not self.closed:
             self._file.close()
         super().close()
-
-
-_SECRET_PARAM = re.compile(r"password|secret|token", re.IGNORECASE)
-_MASK = "***"
-
-
-def printable_url(url: str) -> str:
-    """A URL fit to print: the password of its userinfo (also ``redis://:PW@``) and every
-    query parameter whose name says it is a secret (``?password=``, ``sslpassword``,
-    ``token`` ...) replaced by ``***``; everything else as given."""
-    try:
-        parts = urlsplit(url)
-    except ValueError:  # unparsable (a bad IPv6 host ...): mask what looks like userinfo
-        return re.sub(r"//([^/@]*):[^@/]*@", rf"//\1:{_MASK}@", url)
-    out = url
-    if "@" in parts.netloc:
-        userinfo, _, host = parts.netloc.rpartition("@")
-        if ":" in userinfo:
-            masked = f"{userinfo.split(':', 1)[0]}:{_MASK}@{host}"
-            out = out.replace(f"//{parts.netloc}", f"//{masked}", 1)
-    if parts.query:
-        pairs = []
-        for pair in parts.query.split("&"):  # by hand: the rest keeps its own encoding
-            name, eq, _value = pair.partition("=")
-            pairs.append(
-                f"{name}={_MASK}" if eq and _SECRET_PARAM.search(unquote_plus(name)) else pair
-            )
-        head, _, tail = out.partition("?")  # rebuilt in place: urlunsplit drops "sqlite://"
-        rest = tail[len(parts.query) :]  # a fragment, if any
-        out = f"{head}?{'&'.join(pairs)}{rest}"
-    return out
 
 
 def _has_records(store: Store, name: str) -> bool:

@@ -208,7 +208,7 @@ def _loggable(session: Session, notifier: str) -> str:
         return _scrub(session, notifier)
     from urllib.parse import urlsplit
 
-    from .copy import printable_url
+    from .urls import printable_url
 
     url = printable_url(notifier)
     try:

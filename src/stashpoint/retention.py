@@ -22,11 +22,12 @@ from __future__ import annotations
 import datetime as dt
 import json
 import re
-from collections.abc import Collection, Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from . import metakeys
+from ._store import check_not_pruned
 from .errors import IntegrityError, PrunedError, UsageError
 from .model import Checkpoint, utc_now_iso
 
@@ -254,21 +255,6 @@ def apply(store: Store, p: Plan) -> list[str]:
 
 def is_pruned(store: Store, ident: str, session: str) -> bool:
     return ident in store.meta.pruned(session)
-
-
-def check_not_pruned(store: Store, cp: Checkpoint | Sequence[Checkpoint]) -> None:
-    """Raise :class:`PrunedError` if a checkpoint's contents were released by retention.
-
-    For the engine to call before reading a checkpoint's state, files or journal.
-    """
-    cps = [cp] if isinstance(cp, Checkpoint) else list(cp)
-    by_session: dict[str, dict[str, str]] = {}
-    for c in cps:
-        marks = by_session.get(c.session)
-        if marks is None:
-            marks = by_session[c.session] = store.meta.pruned(c.session)
-        if c.id in marks:
-            raise PrunedError(c.id, marks[c.id])
 
 
 def _json(raw: str) -> dict[str, Any]:

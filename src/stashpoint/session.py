@@ -29,7 +29,7 @@ import msgspec
 
 from . import restore_target, serde
 from ._ids import new_id
-from ._store import Store, config_hash
+from ._store import Store, check_not_pruned, config_hash
 from .durability import Durability
 from .errors import (
     ConflictError,
@@ -49,7 +49,6 @@ from .lease import DEFAULT_TTL, Lease
 from .lease import acquire as acquire_lease
 from .model import KINDS, Checkpoint, ConversationRef, LogRef, StateRef, WorkspaceRef, utc_now_iso
 from .redact import Redactor, make_redactor
-from .retention import check_not_pruned
 from .stores.base import BlobRow, CheckpointRow, Commit, Fence, LogAppend, LogInfo, lease_held
 from .workspace import RestoreStats, Workspace, check_root, restoring
 

@@ -13,9 +13,10 @@ Only the standard library: the CLI imports this at start-up.
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
-from urllib.parse import unquote
+from urllib.parse import unquote, unquote_plus, urlsplit
 
 from .errors import UsageError
 
@@ -145,3 +146,34 @@ def sqlite_layout(path: Path) -> tuple[Path, Path]:
     if path.suffix in _SQLITE_SUFFIXES:
         return path, path.parent / (path.name + ".d")
     return path / DB_NAME, path
+
+
+_SECRET_PARAM = re.compile(r"password|secret|token", re.IGNORECASE)
+_MASK = "***"
+
+
+def printable_url(url: str) -> str:
+    """A URL fit to print: the password of its userinfo (also ``redis://:PW@``) and every
+    query parameter whose name says it is a secret (``?password=``, ``sslpassword``,
+    ``token`` ...) replaced by ``***``; everything else as given."""
+    try:
+        parts = urlsplit(url)
+    except ValueError:  # unparsable (a bad IPv6 host ...): mask what looks like userinfo
+        return re.sub(r"//([^/@]*):[^@/]*@", rf"//\1:{_MASK}@", url)
+    out = url
+    if "@" in parts.netloc:
+        userinfo, _, host = parts.netloc.rpartition("@")
+        if ":" in userinfo:
+            masked = f"{userinfo.split(':', 1)[0]}:{_MASK}@{host}"
+            out = out.replace(f"//{parts.netloc}", f"//{masked}", 1)
+    if parts.query:
+        pairs = []
+        for pair in parts.query.split("&"):  # by hand: the rest keeps its own encoding
+            name, eq, _value = pair.partition("=")
+            pairs.append(
+                f"{name}={_MASK}" if eq and _SECRET_PARAM.search(unquote_plus(name)) else pair
+            )
+        head, _, tail = out.partition("?")  # rebuilt in place: urlunsplit drops "sqlite://"
+        rest = tail[len(parts.query) :]  # a fragment, if any
+        out = f"{head}?{'&'.join(pairs)}{rest}"
+    return out

@@ -461,7 +461,7 @@ def diff(ctx: Ctx, a: str, b: str, stat: bool, full: bool) -> None:
       stashpoint diff 01JA0000 --stat
     """
     from ..statediff import text_lines, to_json
-    from .textdiff import file_diff
+    from ..textdiff import file_diff
 
     session = ctx.session(files=False)
     d = session.diff(a, b)

@@ -233,7 +233,7 @@ def run_demo(directory: Path | None, *, json_out: bool = False) -> dict[str, Any
     )
     for c in d.files:
         say(f"  {c.status:>9}  {c.path.decode()}")
-    from .textdiff import file_diff
+    from ..textdiff import file_diff
 
     for c in d.files:
         if c.path == b"calc.py":

@@ -16,8 +16,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlencode
 
-from ..copy import printable_url
 from ..errors import MissingExtraError, StashpointError, UsageError
+from ..urls import printable_url
 from . import actions, checkpoint, compare, sessions
 from .render import Frame, cp_url, e, q, s_url, short
 from .security import COOKIE, SECURITY_HEADERS, Forbidden, Guard

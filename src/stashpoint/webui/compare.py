@@ -171,7 +171,7 @@ def _file_tree(items: list[Item]) -> str:
 
 
 def _file_diffs(blobs: Blobs, items: list[Item], split: bool) -> str:
-    from ..cli.textdiff import file_diff
+    from ..textdiff import file_diff
 
     budget = MAX_DIFF_CHARS
     out = []

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import difflib
 
-from ..blobs.objects import Blobs
-from ..workspace.tree import Change
+from .blobs.objects import Blobs
+from .workspace.tree import Change
 
 __all__ = ["file_diff"]
 
