@@ -7,7 +7,6 @@ from typing import TYPE_CHECKING
 
 import click
 
-from . import cli
 from ._app import Ctx, emit, json_option, short
 from ._progress import ByteProgress
 
@@ -26,7 +25,7 @@ def _size(n: int) -> str:
     return f"{n} B"  # pragma: no cover
 
 
-@cli.command("export")
+@click.command("export")
 @click.argument("ref", required=False)
 @click.option(
     "-o", "--output", required=True, type=click.Path(dir_okay=False), help="Bundle file to write."
@@ -92,7 +91,7 @@ def _emit_checked(ctx: Ctx, bundle: Bundle) -> None:
     )
 
 
-@cli.command("import")
+@click.command("import")
 @click.argument("file", type=click.Path(dir_okay=False))
 @click.option(
     "--as",

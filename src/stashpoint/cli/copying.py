@@ -7,7 +7,6 @@ from typing import TYPE_CHECKING
 import click
 
 from ..errors import EncryptionKeyError
-from . import cli
 from ._app import Ctx, emit, json_option, missing_local_store
 from ._progress import ByteProgress
 from .bundles import _size
@@ -47,7 +46,7 @@ def _open_source(url: str, *, plain_ok: bool) -> Store:
             raise exc from None  # encrypted under another key: the first error says so
 
 
-@cli.command("copy")
+@click.command("copy")
 @click.option("--from", "source", required=True, metavar="URL", help="Store to copy from.")
 @click.option("--to", "dest", required=True, metavar="URL", help="Store to copy into (created).")
 @click.option(

@@ -20,6 +20,7 @@ import click
 from ..opening import open_store
 from ..session import Session
 from ._app import short
+from ._history import draw_graph
 
 __all__ = ["run_demo"]
 
@@ -216,14 +217,12 @@ def run_demo(directory: Path | None, *, json_out: bool = False) -> dict[str, Any
     b.checkpoint(message="Branch B: add sub()")
     say(f"  branch {b.branch!r} has its own directory; both evolve independently")
     say(click.style("\nHistory (stashpoint log --graph):", bold=True))
-    from .commands import _draw_graph
-
     labels = run.labels()
     heads: dict[str, list[str]] = {}
     for branch, head in run.branches().items():
         heads.setdefault(head, []).append(branch)
     if not json_out:
-        _draw_graph(run.history(), labels, heads, run.head.id if run.head else None)
+        draw_graph(run.history(), labels, heads, run.head.id if run.head else None)
     d = run.diff(good, bad)
     say(
         click.style(

@@ -8,7 +8,6 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from . import cli
 from ._app import Ctx, emit, json_option, short
 
 if TYPE_CHECKING:
@@ -56,7 +55,7 @@ def _pending_lines(p: Pending | None) -> list[str]:
     ]
 
 
-@cli.command()
+@click.command()
 @click.argument("ref", required=False)
 @json_option
 @pass_ctx
@@ -130,7 +129,7 @@ def _decide(
     )
 
 
-@cli.command()
+@click.command()
 @click.argument("ident", metavar="ID", required=False)
 @click.option("--reason", "-r", help="Why (recorded in the history).")
 @click.option("--by", help="Who decides (default: $USER).")
@@ -158,7 +157,7 @@ def approve(
     _decide(ctx, ident, approved=True, reason=reason, by=by, done=done, result=result)
 
 
-@cli.command()
+@click.command()
 @click.argument("ident", metavar="ID", required=False)
 @click.option("--reason", "-r", help="Why (recorded; the agent receives it).")
 @click.option("--by", help="Who decides (default: $USER).")
@@ -175,7 +174,7 @@ def reject(ctx: Ctx, ident: str | None, reason: str | None, by: str | None) -> N
     _decide(ctx, ident, approved=False, reason=reason, by=by)
 
 
-@cli.command(context_settings={"ignore_unknown_options": True})
+@click.command(context_settings={"ignore_unknown_options": True})
 @click.option("--dry-run", is_flag=True, help="Only say where the run stands and what would run.")
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
 @json_option

@@ -28,7 +28,6 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from . import cli
 from ._app import STORE_DIR, Ctx, emit, json_option, short
 
 if TYPE_CHECKING:
@@ -80,7 +79,7 @@ AIDER_LOOP = (
 )
 
 
-@cli.group()
+@click.group()
 def hooks() -> None:
     """Snapshot the workspace from a coding agent's hooks (Claude Code, Codex, Aider).
 

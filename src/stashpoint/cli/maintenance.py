@@ -7,7 +7,6 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from . import cli
 from ._app import Ctx, emit, json_option, short
 from ._progress import ByteProgress
 
@@ -38,7 +37,7 @@ def _seconds(text: str) -> float:
         return parse_duration(text).total_seconds()
 
 
-@cli.command()
+@click.command()
 @click.option("--session", "session_opt", metavar="NAME", help="Prune this session.")
 @click.option("--all", "all_sessions", is_flag=True, help="Prune every session of the store.")
 @click.option(
@@ -257,7 +256,7 @@ def _describe(p: Plan, ident: str, labels: dict[str, str]) -> str:
     return text + (f"  [{label}]" if label else "")
 
 
-@cli.command()
+@click.command()
 @click.option("--dry-run", is_flag=True, help="Report what would be freed; change nothing.")
 @click.option(
     "--grace",
@@ -324,7 +323,7 @@ def gc(ctx: Ctx, dry_run: bool, grace: str | None, wait: bool, vacuum: bool) -> 
         )
 
 
-@cli.command()
+@click.command()
 @json_option
 @pass_ctx
 def du(ctx: Ctx) -> None:

@@ -9,13 +9,12 @@ from pathlib import Path
 import click
 
 from ..errors import MissingExtraError
-from . import cli
 from ._app import Ctx, json_option
 
 pass_ctx = click.make_pass_decorator(Ctx)
 
 
-@cli.command()
+@click.command()
 @click.option("--port", type=int, default=8765, show_default=True, help="0: any free port.")
 @click.option(
     "--host",
