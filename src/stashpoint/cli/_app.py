@@ -121,6 +121,10 @@ class Ctx:
         return here
 
 
+pass_ctx = click.make_pass_decorator(Ctx)
+"""Hands a command the :class:`Ctx` the ``stashpoint`` group made from the global options."""
+
+
 def discover(start: Path) -> tuple[str, Path, str | None, str | None] | None:
     """Walk up from ``start`` to the nearest ``.stashpoint`` directory or link file.
 

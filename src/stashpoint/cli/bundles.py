@@ -7,13 +7,14 @@ from typing import TYPE_CHECKING
 
 import click
 
-from ._app import Ctx, emit, json_option, short
+from ._app import Ctx, emit, json_option, pass_ctx, short
 from ._progress import ByteProgress
 
 if TYPE_CHECKING:
     from ..bundle import Bundle
 
-pass_ctx = click.make_pass_decorator(Ctx)
+# Library modules are imported inside the commands, not here: every CLI run (``--help``
+# too) imports this module (start-up time).
 
 
 def _size(n: int) -> str:

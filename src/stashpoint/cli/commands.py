@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from ._app import EXIT_INTEGRITY, STORE_DIR, Ctx, emit, json_option, printable, short
+from ._app import EXIT_INTEGRITY, STORE_DIR, Ctx, emit, json_option, pass_ctx, printable, short
 from ._history import checkpoint_line, draw_graph
 from ._progress import ByteProgress
 
@@ -17,7 +17,8 @@ if TYPE_CHECKING:
     from ..model import Checkpoint
     from ..session import Session
 
-pass_ctx = click.make_pass_decorator(Ctx)
+# Library modules are imported inside the commands, not here: every CLI run (``--help``
+# too) imports this module (start-up time).
 
 
 def _cp_json(session: Session, cp: Checkpoint, labels: dict[str, str] | None = None) -> Any:

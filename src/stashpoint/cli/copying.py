@@ -6,15 +6,15 @@ from typing import TYPE_CHECKING
 
 import click
 
-from ..errors import EncryptionKeyError
-from ._app import Ctx, emit, json_option, missing_local_store
+from ._app import Ctx, emit, json_option, missing_local_store, pass_ctx
 from ._progress import ByteProgress
 from .bundles import _size
 
 if TYPE_CHECKING:
     from .._store import Store
 
-pass_ctx = click.make_pass_decorator(Ctx)
+# Library modules are imported inside the commands, not here: every CLI run (``--help``
+# too) imports this module (start-up time).
 
 
 def _existing(url: str) -> str:
@@ -29,6 +29,7 @@ def _open_source(url: str, *, plain_ok: bool) -> Store:
     session is copied --as a new one into an encrypted store: a plain source is then opened
     without it (opening it with a key is refused: its rows are not encrypted)."""
     from ..crypto import key_from_env
+    from ..errors import EncryptionKeyError
     from ..opening import open_store
 
     try:

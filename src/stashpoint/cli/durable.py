@@ -8,12 +8,13 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from ._app import Ctx, emit, json_option, short
+from ._app import Ctx, emit, json_option, pass_ctx, short
 
 if TYPE_CHECKING:
     from ..durable import Pending
 
-pass_ctx = click.make_pass_decorator(Ctx)
+# Library modules are imported inside the commands, not here: every CLI run (``--help``
+# too) imports this module (start-up time).
 
 _MARK = {
     "pending": "·",

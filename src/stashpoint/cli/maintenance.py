@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from ._app import Ctx, emit, json_option, short
+from ._app import Ctx, emit, json_option, pass_ctx, short
 from ._progress import ByteProgress
 
 if TYPE_CHECKING:
@@ -15,7 +15,8 @@ if TYPE_CHECKING:
     from ..retention import Plan
     from ..upkeep import Upkeep
 
-pass_ctx = click.make_pass_decorator(Ctx)
+# Library modules are imported inside the commands, not here: every CLI run (``--help``
+# too) imports this module (start-up time).
 
 
 def _size(n: int) -> str:
@@ -148,7 +149,7 @@ def prune(
     for name in names:
         plan = retention.plan_session(store, name, policy)
         done = [] if dry_run else retention.apply(store, plan)
-        plans.append((plan, done, store.meta.labels(name)))
+        plans.append((plan, done, store.session(name).labels()))
     if ctx.json:
         emit(
             ctx,

@@ -14,9 +14,10 @@ from typing import Any
 
 import click
 
-from ._app import Ctx, emit, json_option, short
+from ._app import Ctx, emit, json_option, pass_ctx, short
 
-pass_ctx = click.make_pass_decorator(Ctx)
+# Library modules are imported inside the commands, not here: every CLI run (``--help``
+# too) imports this module (start-up time).
 
 
 def _load_validators(specs: tuple[str, ...], root: Path) -> list[Callable[[dict[str, Any]], Any]]:
