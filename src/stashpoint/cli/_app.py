@@ -205,6 +205,17 @@ def printable(text: str) -> str:
     return escape(text)
 
 
+def size_text(n: int) -> str:
+    """A byte count as people read it: ``512 B``, ``1.5 KiB``, ``3.2 GiB``; shared by every
+    command, so the same size always reads the same."""
+    value = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if abs(value) < 1024 or unit == "GiB":
+            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1024
+    return f"{n} B"  # pragma: no cover
+
+
 def short(ident: str | None) -> str:
     return ident[:12] if ident else "-"
 

@@ -9,7 +9,17 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from ._app import EXIT_INTEGRITY, STORE_DIR, Ctx, emit, json_option, pass_ctx, printable, short
+from ._app import (
+    EXIT_INTEGRITY,
+    STORE_DIR,
+    Ctx,
+    emit,
+    json_option,
+    pass_ctx,
+    printable,
+    short,
+    size_text,
+)
 from ._history import checkpoint_line, draw_graph
 from ._progress import ByteProgress
 
@@ -181,8 +191,8 @@ def snap(
         ctx,
         {**_cp_json(session, cp), "created": True},
         f"{click.style(short(cp.id), fg='yellow')} step {cp.step}: {_count(cp.workspace.files)}, "
-        f"{_size(cp.workspace.bytes)}"
-        + "".join(f", {n} ({_size(cp.artifacts[n].size)})" for n in artifacts)
+        f"{size_text(cp.workspace.bytes)}"
+        + "".join(f", {n} ({size_text(cp.artifacts[n].size)})" for n in artifacts)
         + (f" - {message}" if message else ""),
     )
 
@@ -325,14 +335,14 @@ def show(ctx: Ctx, ref: str, list_files: bool, artifact: str | None, output: str
     )
     if manifest:
         click.echo(
-            f"  {'workspace':<14} {manifest['files']} files, {_size(manifest['bytes'])} "
+            f"  {'workspace':<14} {manifest['files']} files, {size_text(manifest['bytes'])} "
             f"in {printable(str(manifest['root']))}"
         )
         for e in manifest.get("entries", []):
             click.echo(f"    {e['type']} {e['mode']:>7} {e['size']:>10}  {printable(e['path'])}")
     for name, art in cp.artifacts.items():
         click.echo(
-            f"  {'artifact':<14} {printable(name)}: {_size(art.size)} in {art.chunks} chunks, "
+            f"  {'artifact':<14} {printable(name)}: {size_text(art.size)} in {art.chunks} chunks, "
             f"from {printable(str(art.path))}"
         )
     state = data["state"]
@@ -371,7 +381,7 @@ def _fetch_artifact(
             "digest": art.digest,
             "size": art.size,
         },
-        f"wrote {name} ({_size(art.size)}) of {short(cp.id)} to {path}",
+        f"wrote {name} ({size_text(art.size)}) of {short(cp.id)} to {path}",
     )
 
 
@@ -632,7 +642,7 @@ def verify(ctx: Ctx, mirror: str | None) -> None:
             click.echo(click.style("damaged: ", fg="red") + p.message, err=True)
         click.echo(
             f"{report.checkpoints} checkpoints, {report.blobs} blobs "
-            f"({_size(report.bytes)}) checked: "
+            f"({size_text(report.bytes)}) checked: "
             + ("ok" if report.ok else f"{len(report.problems)} problem(s)")
         )
     if not report.ok:
@@ -671,12 +681,3 @@ def _content_line(line: str) -> str:
 
 def _count(n: int, noun: str = "file") -> str:
     return f"{n} {noun}" + ("" if n == 1 else "s")
-
-
-def _size(n: int) -> str:
-    value = float(n)
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if value < 1024 or unit == "GiB":
-            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
-        value /= 1024
-    return f"{n} B"  # pragma: no cover

@@ -6,9 +6,8 @@ from typing import TYPE_CHECKING
 
 import click
 
-from ._app import Ctx, emit, json_option, missing_local_store, pass_ctx
+from ._app import Ctx, emit, json_option, missing_local_store, pass_ctx, size_text
 from ._progress import ByteProgress
-from .bundles import _size
 
 if TYPE_CHECKING:
     from .._store import Store
@@ -101,7 +100,7 @@ def copy_cmd(
         f"copied {len(report.sessions)} session(s) ({', '.join(report.sessions)}): "
         f"{report.checkpoints} checkpoint(s)"
         + (f" ({report.present} already there)" if report.present else "")
-        + f", {report.blobs} objects ({_size(report.bytes)}) from {report.source} to "
+        + f", {report.blobs} objects ({size_text(report.bytes)}) from {report.source} to "
         f"{report.dest}; "
         + ("verified" if report.verified else f"{len(report.problems)} problem(s)"),
     )
