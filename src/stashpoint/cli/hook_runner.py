@@ -212,9 +212,8 @@ class _HookRun:
         from .. import upkeep
 
         try:
-            if not upkeep.due(store):
+            if not upkeep.claim_due(store):
                 return
-            store.meta.set_meta(upkeep.LAST_META, repr(time.time()))
             import subprocess
 
             url, root, _s, _b = self.ctx.locate()
