@@ -431,3 +431,45 @@ def test_a_fresh_run_writes_every_entry_in_the_old_form(store: stashpoint.Store)
     ]
     assert rows == [msgspec.json.encode(e) for e in expected]
     assert calls == ["think", "boom", "send"]
+
+
+def test_a_redacted_entry_is_stored_and_kept_as_the_old_engine_stored_it(
+    store: stashpoint.Store,
+) -> None:
+    """The redactor sees the entry as the JSON object it is stored as (wire keys), and the
+    journal in memory holds what was stored."""
+    run = store.session("redacted")
+
+    @run.step(name="login")
+    def login() -> dict[str, str]:
+        return {"user": "ann", "api_key": "hunter2"}
+
+    assert run.run(lambda: login()).value == {"user": "ann", "api_key": "hunter2"}
+    redacted = {"user": "ann", "api_key": "[REDACTED:field]"}
+    rows = stored_rows(run)
+    assert rows[0] == msgspec.json.encode(
+        old_step(0, "login", fingerprint("login", (), {}), [], r=redacted)
+    )
+    assert Journal(run).entries[0] == decode(rows[0])
+
+    def in_place(tree: Any) -> Any:  # a user's redactor that changes its argument
+        if isinstance(tree, dict) and tree.get("k") == "step":
+            tree["r"] = "gone"
+        return tree
+
+    mine = store.session("in-place", redact=in_place)
+
+    @mine.step(name="login")
+    def login2() -> str:
+        return "secret"
+
+    def main() -> list[Any]:
+        login2()
+        j = mine.durable.journal
+        assert j is not None and isinstance(j.entries[0], StepEntry)
+        return [len(j.entries), j.entries[0].result]
+
+    assert mine.run(main).value == [1, "gone"]
+    assert stored_rows(mine)[0] == msgspec.json.encode(
+        old_step(0, "login", fingerprint("login", (), {}), [], r="gone")
+    )

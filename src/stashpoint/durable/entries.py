@@ -40,7 +40,7 @@ import msgspec
 from msgspec import UNSET, UnsetType, field
 
 from .. import serde
-from ..errors import IntegrityError, SerializationError, StashpointError, StepFailed, ToolRejected
+from ..errors import IntegrityError, StashpointError, StepFailed, ToolRejected
 
 __all__ = [
     "Call",
@@ -60,6 +60,8 @@ __all__ = [
     "decode",
     "decode_rows",
     "encode",
+    "encode_tree",
+    "to_tree",
 ]
 
 TOOL_REJECTED = "stashpoint.durable.ToolRejected"
@@ -282,13 +284,9 @@ def to_tree(entry: Entry) -> dict[str, Any]:
     return msgspec.to_builtins(entry)  # type: ignore[no-any-return]
 
 
-def from_tree(tree: Mapping[str, Any]) -> JournalEntry:
-    """An entry again from its JSON object (a redactor's copy); refused if it no longer is
-    one, rather than journaled unreadable."""
-    try:
-        return cast(JournalEntry, msgspec.convert(tree, JournalEntry))
-    except msgspec.ValidationError as exc:
-        raise SerializationError(f"a journal entry redacted into something else: {exc}") from None
+def encode_tree(tree: Any) -> bytes:
+    """A (redacted) entry's JSON object, encoded as the entry itself would be."""
+    return _encoder.encode(tree)
 
 
 # -- arguments and errors as recorded ---------------------------------------------------------

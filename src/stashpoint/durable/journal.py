@@ -14,9 +14,10 @@ from msgspec import UNSET
 
 from .._ids import new_id
 from .._runs import record_applies, run_key
-from ..errors import ConflictError, IntegrityError, LeaseHeld, LeaseLost
+from ..errors import ConflictError, IntegrityError, LeaseHeld, LeaseLost, UsageError
 from ..integrity import EMPTY_CHAIN, message_chain
 from ..model import LogRef, utc_now_iso
+from ..redact import Redactor
 from ..stores.base import LogAppend, LogInfo
 from .entries import (
     CancelEntry,
@@ -30,9 +31,10 @@ from .entries import (
     RequestEntry,
     ResolveEntry,
     TaskEntry,
+    decode,
     decode_rows,
     encode,
-    from_tree,
+    encode_tree,
     to_tree,
 )
 from .results import Effect, Pending, Task
@@ -161,12 +163,21 @@ class Journal:
             self.start()
         assert self.log is not None
         redactor = self.session.redactor
-        if redactor is not None:  # step results and arguments may hold secrets
+        if redactor is None:
+            data = encode(entry)
+        else:  # step results and arguments may hold secrets: the redactor sees the JSON object
             tree = to_tree(entry)
             scrubbed = redactor(tree)
-            if scrubbed is not tree:  # what is kept in memory is what is stored
-                entry = from_tree(scrubbed)
-        data = encode(entry)
+            data = encode_tree(scrubbed)
+            # What is kept in memory is what is stored: ours returns a copy when it changes
+            # anything; a user's callable may have changed the object in place.
+            if scrubbed is not tree or type(redactor) is not Redactor:
+                try:
+                    entry = decode(data, where="the redacted entry")
+                except IntegrityError as exc:  # refused before it is journaled unreadable
+                    raise UsageError(
+                        f"the session's redactor broke a journal entry: {exc}"
+                    ) from None
         prev = self.chains[-1] if self.chains else EMPTY_CHAIN
         chain = message_chain(prev, data)
         start = len(self.entries)
