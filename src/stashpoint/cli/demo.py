@@ -127,9 +127,10 @@ def _durable_scene(base: Path, say: Callable[..., None]) -> dict[str, Any]:
     done_before = sum(1 for e, _ in _executions(outside) if e == "END")
     say(f"  kill -9 after {done_before} finished steps (a crash, mid-task)")
     from ..durable import Journal
+    from ..durable.entries import StepEntry
 
     store = open_store(ws / ".stashpoint")
-    journaled = sum(1 for e in Journal(store.session(SESSION)).entries if e.get("k") == "step")
+    journaled = sum(1 for e in Journal(store.session(SESSION)).entries if type(e) is StepEntry)
     store.close()
     again = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
     executed = sum(1 for e, pid in _executions(outside) if e == "START" and pid != proc.pid)
