@@ -111,6 +111,8 @@ class Durable:
         self._depth = 0
         self.chaos = ChaosHooks.from_env()
         self.offload: Callable[[Callable[[], Any]], Awaitable[Any]] | None = None
+        self._inflight: set[Any] = set()
+        """Journal work handed off the loop and not finished yet (asyncio futures)."""
         """How async steps run their journal I/O off the event loop (default: a worker
         thread; :class:`stashpoint.aio.AsyncSession` puts it in its session queue)."""
 
@@ -143,11 +145,27 @@ class Durable:
         """``fn(*args, **kwargs)`` off the event loop: the fsynced journal append of an async
         step must not stall every other coroutine for the length of a disk flush."""
         call = functools.partial(fn, *args, **kwargs)
-        if self.offload is not None:
-            return cast(T, await self.offload(call))
         import asyncio  # here, not at the top: ~20 ms of every CLI run that only snapshots
 
-        return await asyncio.to_thread(call)
+        work = self.offload(call) if self.offload is not None else asyncio.to_thread(call)
+        future = asyncio.ensure_future(work)
+        self._inflight.add(future)
+        future.add_done_callback(self._inflight.discard)
+        return cast(T, await future)
+
+    async def _settle(self) -> None:
+        """Wait for the journal work other coroutines of the run have handed off: when one
+        call pauses the run (an approval gate under ``asyncio.gather``), a sibling's request
+        already on its way to the journal is recorded before the run reports its pause, so
+        every pending decision is there to see, whatever the threads' timing. Only journal
+        writes are awaited, never a step's body."""
+        import asyncio
+
+        for _ in range(100):  # a sibling may hand off one more write after each one lands
+            pending = [f for f in self._inflight if not f.done()]
+            if not pending:
+                return
+            await asyncio.wait(pending)
 
     def _journal(self) -> Journal:
         if self.journal is None:
@@ -699,6 +717,7 @@ class Durable:
         try:
             value = await fn(*args, **kwargs)
         except RunPaused as p:
+            await self._settle()
             return self._paused(p)
         except Exception as exc:
             await self._off(self._failed, exc)
