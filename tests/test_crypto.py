@@ -247,8 +247,11 @@ def test_keyed_chain_without_encryption_and_explicit_mac_key_with_it(tmp_path: P
     with stashpoint.open(tmp_path / "a", key=b"mac key") as store:
         assert store.hasher.keyed and store.cipher is None
         cp = store.session().checkpoint({"x": 1})
+    with pytest.raises(UsageError, match="keyed hash chain"):
+        stashpoint.open(tmp_path / "a")  # the store says it is keyed
+    _drop_integrity_mark(tmp_path / "a" / "store.db")  # as someone who can write it could
     with stashpoint.open(tmp_path / "a") as store, pytest.raises(IntegrityError):
-        store.get(cp.id)  # an unkeyed reader cannot verify (or forge) the HMAC chain
+        store.get(cp.id)  # an unkeyed reader still cannot verify (or forge) the HMAC chain
     with stashpoint.open(tmp_path / "b", encryption_key=KEY, key=b"mac key") as store:
         cp = store.session().checkpoint({"x": 1})
     with (
@@ -256,6 +259,13 @@ def test_keyed_chain_without_encryption_and_explicit_mac_key_with_it(tmp_path: P
         pytest.raises(IntegrityError),
     ):
         store.get(cp.id)  # the derived MAC key is not the explicit one
+
+
+def _drop_integrity_mark(db: Path) -> None:
+    import sqlite3
+
+    with sqlite3.connect(db) as con:
+        assert con.execute("DELETE FROM meta WHERE key = 'integrity'").rowcount == 1
 
 
 # -- damage: moved ciphertexts, planted plaintext -----------------------------------------------

@@ -132,8 +132,12 @@ def test_keyed_chain_rejects_unkeyed_forgery(tmp_path: Path) -> None:
     s = stashpoint.open(tmp_path / "k", key=b"secret-key")
     cp = s.session("s").checkpoint({"v": 1})
     s.close()
+    with pytest.raises(UsageError, match="keyed hash chain"):
+        stashpoint.open(tmp_path / "k")  # refused up front: the store says it is keyed
+    with sqlite3.connect(tmp_path / "k" / "store.db") as db:  # a writer drops that mark
+        db.execute("DELETE FROM meta WHERE key = 'integrity'")
     with pytest.raises(IntegrityError):
-        stashpoint.open(tmp_path / "k").get(cp.id)
+        stashpoint.open(tmp_path / "k").get(cp.id)  # the records still do not verify
     assert stashpoint.open(tmp_path / "k", key=b"secret-key").get(cp.id).id == cp.id
 
 

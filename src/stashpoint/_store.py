@@ -100,6 +100,11 @@ class Store:
         """Files and directories of the store itself: never part of a workspace snapshot
         (a workspace may hold its store; restoring an old copy over it would wipe it)."""
         self.blobs = Blobs(meta, blob_store, cipher=self.cipher)
+        try:
+            _check_integrity_key(meta, key, explicit=key is not None and self.cipher is None)
+        except BaseException:
+            meta.close()
+            raise
         self.hasher = ChainHasher(key, self.cipher)
         store_id = meta.get_meta("store_id")
         if store_id is None:
@@ -338,6 +343,34 @@ def config_hash(config: Any) -> str | None:
 
     data = msgspec.json.encode(to_tree(config), order="sorted")
     return hashlib.sha256(data).hexdigest()
+
+
+def _check_integrity_key(meta: MetadataStore, key: bytes | None, *, explicit: bool) -> None:
+    """A keyed store says so (the key's id, never the key): opened without its key, or with
+    another, it is refused with a message saying which, instead of every record looking
+    damaged. A store first opened with a key is marked keyed. (An encrypted store's chain is
+    keyed by its encryption key, which it checks itself.) Someone who can write the store can
+    remove the mark too: it prevents mistakes, not attacks."""
+    from . import metakeys
+    from .crypto import integrity_key_id
+
+    recorded = meta.get_meta(metakeys.INTEGRITY)
+    if not explicit:
+        if recorded is not None and key is None:
+            raise UsageError(
+                f"store {meta.url} has a keyed hash chain (key id {recorded}): set "
+                "STASHPOINT_INTEGRITY_KEY or STASHPOINT_INTEGRITY_KEY_FILE, or pass key="
+            )
+        return
+    assert key is not None
+    kid = integrity_key_id(key)
+    if recorded is None:
+        meta.set_meta(metakeys.INTEGRITY, kid)
+    elif recorded != kid:
+        raise UsageError(
+            f"wrong integrity key for store {meta.url}: its hash chain is keyed with key id "
+            f"{recorded}, the key given has id {kid}"
+        )
 
 
 def check_not_pruned(store: Store, cp: Checkpoint | Sequence[Checkpoint]) -> None:

@@ -30,6 +30,8 @@ from .errors import UsageError
 __all__ = [
     "CACHE_HOME",
     "DURABILITY",
+    "INTEGRITY_KEY",
+    "INTEGRITY_KEY_FILE",
     "KEY",
     "KEY_FILE",
     "NOTIFY",
@@ -97,6 +99,18 @@ KEY_FILE = Setting(
     argument="open_store(encryption_key=)",
     help="file holding the encryption key (chmod 600)",
 )
+INTEGRITY_KEY = Setting(
+    "integrity_key",
+    ("STASHPOINT_INTEGRITY_KEY",),
+    argument="open_store(key=)",
+    help="key of a keyed hash chain (HMAC), 64 hex digits or base64 (beats the key file)",
+)
+INTEGRITY_KEY_FILE = Setting(
+    "integrity_key_file",
+    ("STASHPOINT_INTEGRITY_KEY_FILE",),
+    argument="open_store(key=)",
+    help="file holding the hash chain's key (chmod 600)",
+)
 S3_ENDPOINT = Setting(
     "s3_endpoint",
     ("STASHPOINT_S3_ENDPOINT", "AWS_ENDPOINT_URL"),
@@ -147,6 +161,8 @@ SETTINGS: tuple[Setting, ...] = (
     DURABILITY,
     KEY,
     KEY_FILE,
+    INTEGRITY_KEY,
+    INTEGRITY_KEY_FILE,
     S3_ENDPOINT,
     S3_REGION,
     NOTIFY,

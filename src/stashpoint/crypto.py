@@ -161,29 +161,55 @@ def key_from_env() -> bytes | None:
 
     A key file readable or writable by group or others draws a warning (chmod 600 it).
     """
-    value = config.value(config.KEY)
+    return _key_from(config.KEY, config.KEY_FILE, KEY_ENV, KEY_FILE_ENV)
+
+
+def integrity_key_from_env() -> bytes | None:
+    """The hash chain's key named by ``$STASHPOINT_INTEGRITY_KEY`` or
+    ``$STASHPOINT_INTEGRITY_KEY_FILE``, if either is set (same rules as the encryption key)."""
+    return _key_from(
+        config.INTEGRITY_KEY,
+        config.INTEGRITY_KEY_FILE,
+        "STASHPOINT_INTEGRITY_KEY",
+        "STASHPOINT_INTEGRITY_KEY_FILE",
+    )
+
+
+def _key_from(
+    setting: config.Setting, file_setting: config.Setting, env: str, file_env: str
+) -> bytes | None:
+    value = config.value(setting)
     if value:
-        return parse_key(value, KEY_ENV)
-    path = config.value(config.KEY_FILE)
+        return parse_key(value, env)
+    path = config.value(file_setting)
     if path:
         try:
             with Path(path).expanduser().open("rb") as f:
                 mode = os.fstat(f.fileno()).st_mode
                 data = f.read()
         except OSError as exc:
-            raise UsageError(f"{KEY_FILE_ENV}: cannot read {path}: {exc.strerror}") from exc
-        key = parse_key(data, f"{KEY_FILE_ENV} {path}")
+            raise UsageError(f"{file_env}: cannot read {path}: {exc.strerror}") from exc
+        key = parse_key(data, f"{file_env} {path}")
         if os.name == "posix" and mode & 0o077:
             import warnings
 
             warnings.warn(
-                f"{KEY_FILE_ENV} {path} is accessible to other users (mode "
+                f"{file_env} {path} is accessible to other users (mode "
                 f"{mode & 0o777:o}); restrict it with `chmod 600 {path}`",
                 StashpointWarning,
-                stacklevel=2,
+                stacklevel=3,
             )
         return key
     return None
+
+
+def integrity_key_id(key: bytes) -> str:
+    """A name for a hash-chain key that reveals nothing of it: recorded in the store so a
+    missing or wrong key is told apart from damaged records."""
+    import hashlib
+    import hmac
+
+    return hmac.new(key, b"stashpoint integrity key id", hashlib.sha256).hexdigest()[:16]
 
 
 def generate_key() -> str:

@@ -22,6 +22,7 @@ __all__ = [
     "GC_LOGS",
     "GC_PACKS",
     "IMPORT",
+    "INTEGRITY",
     "LANGGRAPH_PENDING",
     "MIRROR_BEHIND",
     "MIRROR_FAILED",
@@ -48,7 +49,13 @@ STORE_ID = "store_id"
 BLOBS_URL = "blobs_url"
 """Where the store keeps its blobs (``s3://…``): needed to open the store at all."""
 
-PLAINTEXT: frozenset[str] = frozenset({GC_EPOCH, ENCRYPTION, DURABILITY, STORE_ID, BLOBS_URL})
+INTEGRITY = "integrity"
+"""The id (not the key) of the key a keyed hash chain is sealed with: read while opening, to
+tell a missing or wrong key from damaged records."""
+
+PLAINTEXT: frozenset[str] = frozenset(
+    {GC_EPOCH, ENCRYPTION, DURABILITY, STORE_ID, BLOBS_URL, INTEGRITY}
+)
 """The only meta keys whose values an encrypted store keeps in plaintext."""
 
 # -- sealed in an encrypted store ---------------------------------------------------------

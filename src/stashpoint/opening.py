@@ -49,12 +49,21 @@ def open_store(
     'stashpoint[s3]'``) keeps chunks of large files and packs in an S3-compatible bucket. The
     store remembers it, so later opens need not repeat it.
 
-    ``key`` makes the hash chain keyed (HMAC); ``encryption_key`` (32 bytes; default
+    ``key`` (32 bytes; default ``$STASHPOINT_INTEGRITY_KEY`` or
+    ``$STASHPOINT_INTEGRITY_KEY_FILE``; ``b""`` for none) makes the hash chain keyed (HMAC):
+    the store records the key's id, and refuses to open without it or with another key.
+    ``encryption_key`` (32 bytes; default
     ``$STASHPOINT_KEY`` or ``$STASHPOINT_KEY_FILE``) encrypts a new store at rest and is
     required to open an encrypted one (``pip install 'stashpoint[encryption]'``). Encryption
     also keys the chain, with a MAC key derived from the encryption key unless ``key`` is given.
     ``encryption_key=b""`` opens without one, whatever the environment says.
     """
+    if key is None:
+        from .crypto import integrity_key_from_env
+
+        key = integrity_key_from_env()
+    elif key == b"":
+        key = None
     if encryption_key is None:
         from .crypto import key_from_env
 

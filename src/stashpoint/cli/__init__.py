@@ -17,6 +17,7 @@ Exit codes: 0 ok, 1 usage or user error, 2 integrity failure, 3 conflict or leas
 Environment: STASHPOINT_STORE (like --store), STASHPOINT_SESSION (like --session),
 STASHPOINT_MIRROR (like --mirror).
 STASHPOINT_KEY or STASHPOINT_KEY_FILE (encryption key; see `stashpoint init --new-key`).
+STASHPOINT_INTEGRITY_KEY or STASHPOINT_INTEGRITY_KEY_FILE (key of a keyed hash chain).
 STASHPOINT_DURABILITY: fsync (default), group[:N][,Tms] or exit (see `stashpoint init`).
 """
 
