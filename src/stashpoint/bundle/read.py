@@ -59,7 +59,8 @@ class _Slot:
 
 class BundleSource(Protocol):
     """What a bundle is read from: a file, or a file whose bytes are transformed on the way
-    (``stashpoint copy`` reads its temporary bundle through a cipher: see :mod:`.copy`)."""
+    (``stashpoint copy`` reads its temporary bundle through a cipher: see
+    :mod:`stashpoint.copy`)."""
 
     def read(self, n: int) -> bytes:
         """The next ``n`` bytes (fewer at the end)."""
