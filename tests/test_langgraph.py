@@ -354,6 +354,34 @@ def test_a_message_edited_in_place_survives_a_restart(tmp_path: Path, durability
     saver.close()
 
 
+def test_a_message_changed_after_list_is_still_compared_with_what_was_stored(
+    tmp_path: Path,
+) -> None:
+    """``list`` hands out decoded messages without taking the copies a put compares with
+    (only ``get_tuple``, which a run starts with, takes them): copies taken later, from
+    messages someone changed meanwhile, would hide that change from the put. The state a
+    run ends with is the state a new saver reads."""
+
+    def answer(s: MessagesState) -> dict[str, Any]:
+        return {"messages": [AIMessage(content=f"a{len(s['messages'])}")]}
+
+    def app(saver: StashpointSaver) -> Any:
+        g = StateGraph(MessagesState)
+        g.add_node("answer", answer)
+        g.add_edge(START, "answer")
+        return g.compile(checkpointer=saver)
+
+    app(StashpointSaver(tmp_path / "store")).invoke({"messages": [("user", "q1")]}, cfg("t"))
+    saver = StashpointSaver(tmp_path / "store")
+    listed = next(iter(app(saver).get_state_history(cfg("t"))))
+    listed.values["messages"][0].content = "changed after list"  # shared with later reads
+    out = app(saver).invoke({"messages": [("user", "q2")]}, cfg("t"))
+    assert _contents(out) == ["changed after list", "a1", "q2", "a3"]
+    fresh = StashpointSaver(tmp_path / "store")
+    assert _contents(app(fresh).get_state(cfg("t")).values) == _contents(out)
+    saver.close()
+
+
 # -- pending writes ------------------------------------------------------------------------------
 
 

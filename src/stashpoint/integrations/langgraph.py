@@ -63,12 +63,15 @@ read (logs are append-only), so after a first read ``list`` and ``get_tuple`` de
 messages added since. Tuples share those message objects (and, within one ``list`` call, the
 decoded values common to several checkpoints): treat them as read-only. A ``put`` finds the
 messages already stored by content: each message's fields are compared with a copy taken when
-it was stored (one ``list ==`` in C, ~0.2 us a message), so a node that changes a
-message in place and returns it (``msg.content = "edited"; return {"messages": [msg]}``) has
-the change stored, as LangGraph's own savers do; only the changed message and those after it
-are serialized again. (A message changed in place also changes what earlier tuples of this
-saver show in this process: they share the object; a new saver reads what was stored.) Other
-channels are serialized again whenever their version moves, as in LangGraph's own savers.
+it was stored or first read by ``get_tuple`` (one ``list ==`` in C, ~0.2 us a message), so a
+node that changes a message in place and returns it (``msg.content = "edited"; return
+{"messages": [msg]}``) has the change stored, as LangGraph's own savers do; only the changed
+message and those after it are serialized again. (A message changed in place also changes
+what earlier tuples of this saver show in this process: they share the object; a new saver
+reads what was stored.) ``list`` takes no copies: no put compares with most checkpoints it
+returns (a run starts with ``get_tuple``); a message it handed out is copied from its stored
+bytes, not from the object, which someone may have changed since. Other channels are
+serialized again whenever their version moves, as in LangGraph's own savers.
 
 One process should write a thread at a time (LangGraph's own model): records are protected
 by the store's compare-and-set, the pending-writes key by a re-read before each update.
@@ -352,7 +355,7 @@ class _View:
     stored items and decoded objects, each grown on demand. Logs are append-only and messages
     immutable, so the saver keeps views across reads (:class:`_Views`)."""
 
-    __slots__ = ("base", "items", "lock", "objs", "own", "rows", "views")
+    __slots__ = ("base", "items", "lock", "objs", "own", "rows", "shown", "views")
 
     def __init__(self, base: str | None, own: int) -> None:
         self.base, self.own = base, own
@@ -361,8 +364,11 @@ class _View:
         self.items: builtins.list[str] = []
         self.objs: builtins.list[Any] = []
         self.views: builtins.list[Any] = []
-        """Copies of the decoded messages' contents, made before anyone could change them
-        (see :func:`_views`)."""
+        """Copies of the messages' contents as stored (see :func:`_views`), taken only when a
+        put may compare with them (``get_tuple``): ``list`` copies nothing."""
+        self.shown = 0
+        """``objs[:shown]`` were handed out before their copies were taken: someone may have
+        changed them, so their copies come from the stored bytes."""
 
 
 class _Views:
@@ -473,29 +479,57 @@ class _Reader:
             if v.base is not None and len(v.objs) < v.own:
                 upto = min(v.own, n)
                 base = self._view(v.base, upto)
-                objs = self._objs(v.base, base, upto)
-                v.views.extend(base.views[len(v.objs) : upto])
-                v.objs.extend(objs[len(v.objs) : upto])
+                v.objs.extend(self._objs(v.base, base, upto)[len(v.objs) : upto])
             items = self._items(log, v, n)
-            new = self.saver._loads_many([_untext(i, "message") for i in items[len(v.objs) : n]])
-            v.views.extend(map(_snapshot, _views(new)))
-            v.objs.extend(new)
+            v.objs.extend(
+                self.saver._loads_many([_untext(i, "message") for i in items[len(v.objs) : n]])
+            )
+
+    def _copies(self, log: str, v: _View, n: int) -> builtins.list[Any]:
+        if len(v.views) < n:
+            with v.lock:
+                self._more_copies(log, v, n)
+        return v.views
+
+    def _more_copies(self, log: str, v: _View, n: int) -> None:
+        objs = self._objs(log, v, n)
+        if len(v.views) < n:
+            if v.base is not None and len(v.views) < v.own:
+                upto = min(v.own, n)
+                base = self._view(v.base, upto)
+                v.views.extend(self._copies(v.base, base, upto)[len(v.views) : upto])
+            if len(v.views) < min(v.shown, n):  # decoded again: objects nobody else holds
+                items = self._items(log, v, n)[len(v.views) : min(v.shown, n)]
+                v.views.extend(
+                    _views(self.saver._loads_many([_untext(i, "message") for i in items]))
+                )
+            v.views.extend(map(_snapshot, _views(objs[len(v.views) : n])))
+
+    def _show(self, log: str, v: _View, n: int) -> None:
+        """Note that messages ``[0, n)`` are handed out (a fork's prefix: its parent log's)."""
+        if v.shown < n:
+            with v.lock:
+                v.shown = max(v.shown, n)
+            if v.base is not None:
+                upto = min(v.own, n)
+                self._show(v.base, self._view(v.base, upto), upto)
 
     def conv_items(self, conv: LogRef) -> builtins.list[str]:
         return self._items(conv.log, self._checked(conv), conv.length)[: conv.length]
 
     def conv_views(self, conv: LogRef) -> builtins.list[Any]:
         """Copies of the contents of a conversation's messages, as stored."""
-        v = self._checked(conv)
-        self._objs(conv.log, v, conv.length)
-        return v.views[: conv.length]
+        return self._copies(conv.log, self._checked(conv), conv.length)[: conv.length]
 
     def conv_objects(
         self, conv: LogRef, start: int = 0, stop: int | None = None
     ) -> builtins.list[Any]:
         """Messages ``[start, stop)`` of a conversation (default: all), a new list."""
         end = conv.length if stop is None else min(stop, conv.length)
-        return self._objs(conv.log, self._checked(conv), conv.length)[start:end]
+        v = self._checked(conv)
+        objs = self._objs(conv.log, v, conv.length)
+        self._show(conv.log, v, end)
+        return objs[start:end]
 
     def packed_value(self, hexd: str) -> bytes:
         got = self.packed.get(hexd)
@@ -1643,11 +1677,10 @@ class StashpointSaver(BaseCheckpointSaver[int]):
                     cache.values[ch] = (cv.get(ch), got, packed)
         conv = cp.state.conversation
         if conv is not None:
-            objs = reader.conv_objects(conv)
-            values[details.get("conv", _CONV_KEY)] = objs
-            if cache is not None:
+            if cache is not None:  # copied first: from the objects, unless handed out before
                 cache.conv_views = reader.conv_views(conv)
                 cache.conv_items = reader.conv_items(conv)
+            values[details.get("conv", _CONV_KEY)] = reader.conv_objects(conv)
         uc = details.get("uc")
         checkpoint: Any = {  # a LangGraph Checkpoint (a TypedDict)
             "v": details.get("v"),
@@ -1727,9 +1760,21 @@ def _views(msgs: Iterable[Any]) -> builtins.list[Any]:
 
 
 def _snapshot(view: Any) -> Any:
-    """A copy of a message's content, independent of the message (shares immutable leaves)."""
+    """A copy of a message's content, independent of the message (shares immutable leaves).
+
+    A LangChain message's fields are mostly strings and None, with empty dicts and lists
+    (``additional_kwargs``, ``tool_calls``): the dict is copied in C and only its containers
+    copied again, the empty ones without a call (half the cost of :func:`plain_copy` on the
+    whole dict, which matters to a ``get_tuple`` from a new saver: it copies every message)."""
     try:
-        return plain_copy(view)
+        if type(view) is not dict:
+            return plain_copy(view)
+        out = view.copy()
+        for k, v in view.items():
+            t = type(v)
+            if t not in _IMMUTABLE:
+                out[k] = {} if t is dict and not v else [] if t is list and not v else plain_copy(v)
+        return out
     except TypeError:
         return copied(view)
 
