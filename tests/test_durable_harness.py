@@ -33,6 +33,7 @@ import pytest
 import stashpoint
 from stashpoint._demo_agent import EXIT_APPROVAL, EXIT_IN_DOUBT, SESSION
 from stashpoint.durable import Journal
+from stashpoint.durable.entries import StepEntry
 
 pytestmark = pytest.mark.slow
 
@@ -67,7 +68,7 @@ def recorded_steps(store_dir: Path) -> Counter[str]:
     store = stashpoint.open(store_dir)
     try:
         j = Journal(store.session(SESSION))
-        return Counter(str(e["fp"]) for e in j.entries if e.get("k") == "step")
+        return Counter(e.fingerprint for e in j.entries if type(e) is StepEntry)
     finally:
         store.close()
 

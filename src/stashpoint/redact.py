@@ -125,6 +125,8 @@ _NOT_A_VALUE = frozenset(
 )
 
 _MARK = "[REDACTED:field]"
+_CLEAN_MAX = 64
+"""Longest string remembered as clean (longer ones rarely repeat, and hashing costs)."""
 
 
 _LEAVES = frozenset({int, float, bool, type(None), bytes, bytearray, complex})
@@ -179,6 +181,7 @@ class Redactor:
         self._gate_words = _GATE_WORDS + tuple(w for w in last_words if w)
         self._key_cache: dict[str, bool] = {}
         self._dict_key_cache: dict[str, bool] = {}
+        self._clean: set[str] = set()
         self._scanner = Scanner(
             extra,
             defaults=defaults,
@@ -385,9 +388,20 @@ class Redactor:
         return whole[: s - m.start()] + _MARK + whole[e - m.start() :]
 
     def scrub(self, text: str) -> str:
-        """One string with every secret replaced (the same object when none was found)."""
+        """One string with every secret replaced (the same object when none was found).
+
+        Short strings found clean are remembered (roles, names, enum-like values repeat in
+        every message): looked up instead of scanned again. Only clean ones: no secret is
+        kept in memory."""
+        short = len(text) <= _CLEAN_MAX
+        if short and text in self._clean:
+            return text
         out = self._scanner.scrub(text)
-        return text if out == text else out
+        if out == text:
+            if short and len(self._clean) < 10_000:
+                self._clean.add(text)
+            return text
+        return out
 
 
 def make_redactor(

@@ -519,7 +519,7 @@ class Scanner:
         return self._assignments(text) if self._assignments else text
 
     def _scan(self, text: str, rules: list[Rule]) -> str:
-        longest = max(map(len, text.split()), default=0)
+        longest = _longest_run_bound(text)
         index = self._indexes[bisect.bisect_right(self._runs, longest) - 1]
         low = text.lower()
         cased = low != text  # no capital letter: the buckets of capitals cannot hit
@@ -590,6 +590,23 @@ def _secret_span(m: re.Match[str], named: list[str]) -> tuple[int, int]:
     while e > s and text[e - 1] in _DELIMS:
         e -= 1
     return s, e
+
+
+_SHORT_RUN = 16
+"""Ordinary prose has no run of non-blank characters this long, and most rules need one."""
+_NON_BLANK = bytes((32 if chr(b).isspace() else 120) if b < 128 else 120 for b in range(256))
+"""ASCII whitespace (what ``str.split`` splits on) to a space, anything else to ``x``."""
+_SHORT_PROBE = b"x" * _SHORT_RUN
+
+
+def _longest_run_bound(text: str) -> int:
+    """The longest run of non-blank characters in ``text``, or ``_SHORT_RUN - 1`` when an
+    ASCII text has none that long: one C-speed substring search over a translated copy
+    instead of splitting the text into word objects (~1 us instead of ~6 for 500 bytes of
+    prose). A bound above the true length only lets more rules through to their regex."""
+    if text.isascii() and _SHORT_PROBE not in text.encode("ascii").translate(_NON_BLANK):
+        return _SHORT_RUN - 1
+    return max(map(len, text.split()), default=0)
 
 
 _COMMON = " etaoinsrhldcumfpgwybvkxjqz0123456789\n:,.()'\"=-_/"

@@ -494,7 +494,8 @@ class Session(Reading, Binding, KnownConversation, Restoring, Editing, DurableMe
             if isinstance(msgs, list):
                 given, done = self._redacted
                 k = same_prefix(msgs, given)
-                red = done[:k] + [fn(m) for m in msgs[k:]]
+                red = done[:k]
+                red += [fn(m) for m in msgs[k:]]
                 self._redacting = (msgs[k:], k, red)
                 out[key] = red
             elif msgs is not None:
@@ -601,7 +602,14 @@ class Session(Reading, Binding, KnownConversation, Restoring, Editing, DurableMe
             known = self._load_conversation(parent)
             self._conv_objs = known
         objs, n = known.objs, min(len(known.objs), len(msgs))
-        i = same_prefix(msgs, objs)
+        red = self._redacting
+        if red is not None and red[2] is msgs and self._redacted[1] is objs and 0 < red[1] <= n:
+            # The redactor's output: its first k messages are these very copies (it compared
+            # the caller's messages with theirs by content), so only the rest is compared.
+            k = red[1]
+            i = k + same_prefix(msgs[k:], objs[k:])
+        else:
+            i = same_prefix(msgs, objs)
         while i < n and serde.encode(msgs[i]) == known.data[i]:  # equal after all
             i += 1 + same_prefix(msgs[i + 1 : n], objs[i + 1 : n])
         return i

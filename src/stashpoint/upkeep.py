@@ -164,6 +164,15 @@ def due(store: Store, upkeep: Upkeep | None = None, now: float | None = None) ->
     return now - last >= upkeep.every.total_seconds()
 
 
+def claim_due(store: Store, upkeep: Upkeep | None = None) -> bool:
+    """Whether upkeep is due, marking it as run if so: the caller hands it to a background
+    process, and the commands that follow meanwhile must not start another."""
+    if not due(store, upkeep):
+        return False
+    store.meta.set_meta(LAST_META, repr(time.time()))
+    return True
+
+
 def tightened(policy: Policy) -> Iterator[Policy]:
     """Ever tighter versions of ``policy`` for a store over budget: without its time window,
     then with half as many per branch each round, down to one (the head). Labelled

@@ -7,6 +7,7 @@ import sys
 import click
 
 from .. import __version__
+from . import bundles, commands, copying, durable, hooks, maintenance, operator, ui_cmd
 from ._app import EXIT_USER, Ctx
 
 __all__ = ["cli", "main"]
@@ -73,21 +74,36 @@ def cli(
     c.obj = Ctx(store_url, session_name, json_out, workspace, force, mirror_url)
 
 
-def _register() -> None:
-    # Each module registers its commands on ``cli`` when imported.
-    from . import (  # noqa: F401
-        bundles,
-        commands,
-        copying,
-        durable,
-        hooks,
-        maintenance,
-        operator,
-        ui_cmd,
-    )
-
-
-_register()
+# Every command, attached here and nowhere else: a command module defines plain click
+# commands and never imports this group, so the modules import each other in one direction.
+COMMANDS: tuple[click.Command, ...] = (
+    commands.init,
+    commands.snap,
+    commands.log,
+    commands.show,
+    commands.diff,
+    commands.rewind,
+    commands.fork,
+    commands.label,
+    commands.verify,
+    commands.demo,
+    durable.tasks,
+    durable.approve,
+    durable.reject,
+    durable.resume,
+    maintenance.prune,
+    maintenance.gc,
+    maintenance.du,
+    bundles.export_cmd,
+    bundles.import_cmd,
+    copying.copy_cmd,
+    operator.edit,
+    operator.chaos,
+    hooks.hooks,
+    ui_cmd.ui,
+)
+for _command in COMMANDS:
+    cli.add_command(_command)
 
 
 def _show_warning(

@@ -121,6 +121,10 @@ class Ctx:
         return here
 
 
+pass_ctx = click.make_pass_decorator(Ctx)
+"""Hands a command the :class:`Ctx` the ``stashpoint`` group made from the global options."""
+
+
 def discover(start: Path) -> tuple[str, Path, str | None, str | None] | None:
     """Walk up from ``start`` to the nearest ``.stashpoint`` directory or link file.
 
@@ -199,6 +203,17 @@ def printable(text: str) -> str:
     from ..statediff import printable as escape
 
     return escape(text)
+
+
+def size_text(n: int) -> str:
+    """A byte count as people read it: ``512 B``, ``1.5 KiB``, ``3.2 GiB``; shared by every
+    command, so the same size always reads the same."""
+    value = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if abs(value) < 1024 or unit == "GiB":
+            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1024
+    return f"{n} B"  # pragma: no cover
 
 
 def short(ident: str | None) -> str:

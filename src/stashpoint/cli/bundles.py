@@ -7,26 +7,17 @@ from typing import TYPE_CHECKING
 
 import click
 
-from . import cli
-from ._app import Ctx, emit, json_option, short
+from ._app import Ctx, emit, json_option, pass_ctx, short, size_text
 from ._progress import ByteProgress
 
 if TYPE_CHECKING:
     from ..bundle import Bundle
 
-pass_ctx = click.make_pass_decorator(Ctx)
+# Library modules are imported inside the commands, not here: every CLI run (``--help``
+# too) imports this module (start-up time).
 
 
-def _size(n: int) -> str:
-    value = float(n)
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if value < 1024 or unit == "GiB":
-            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
-        value /= 1024
-    return f"{n} B"  # pragma: no cover
-
-
-@cli.command("export")
+@click.command("export")
 @click.argument("ref", required=False)
 @click.option(
     "-o", "--output", required=True, type=click.Path(dir_okay=False), help="Bundle file to write."
@@ -66,7 +57,7 @@ def export_cmd(ctx: Ctx, ref: str | None, output: str, overwrite: bool) -> None:
         ctx,
         rep.to_dict(),
         f"exported {what}: {rep.checkpoints} checkpoint(s), {rep.objects} objects "
-        f"({_size(rep.bytes)}) to {rep.path} ({_size(rep.size)}); digest {rep.digest[:16]}",
+        f"({size_text(rep.bytes)}) to {rep.path} ({size_text(rep.size)}); digest {rep.digest[:16]}",
     )
 
 
@@ -88,11 +79,11 @@ def _emit_checked(ctx: Ctx, bundle: Bundle) -> None:
         ctx,
         data,
         f"bundle is intact: session {m.session!r}, {data['checkpoints']} checkpoint(s), "
-        f"{data['objects']} objects ({_size(bundle.bytes)}); no store here to check it against",
+        f"{data['objects']} objects ({size_text(bundle.bytes)}); no store here to check it against",
     )
 
 
-@cli.command("import")
+@click.command("import")
 @click.argument("file", type=click.Path(dir_okay=False))
 @click.option(
     "--as",
@@ -219,7 +210,7 @@ def import_cmd(
         data,
         f"{verb} into session {rep.session!r}: {rep.checkpoints} checkpoint(s)"
         + (f" ({rep.present} already here)" if rep.present else "")
-        + f", {rep.logs} log(s), {rep.objects} objects ({_size(rep.bytes)}); branches: {heads}"
+        + f", {rep.logs} log(s), {rep.objects} objects ({size_text(rep.bytes)}); branches: {heads}"
         + (f"; files of {branch!r} written to {where}" if where else ""),
     )
 

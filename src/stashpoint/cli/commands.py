@@ -9,15 +9,26 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from . import cli
-from ._app import EXIT_INTEGRITY, STORE_DIR, Ctx, emit, json_option, printable, short
+from ._app import (
+    EXIT_INTEGRITY,
+    STORE_DIR,
+    Ctx,
+    emit,
+    json_option,
+    pass_ctx,
+    printable,
+    short,
+    size_text,
+)
+from ._history import checkpoint_line, draw_graph
 from ._progress import ByteProgress
 
 if TYPE_CHECKING:
     from ..model import Checkpoint
     from ..session import Session
 
-pass_ctx = click.make_pass_decorator(Ctx)
+# Library modules are imported inside the commands, not here: every CLI run (``--help``
+# too) imports this module (start-up time).
 
 
 def _cp_json(session: Session, cp: Checkpoint, labels: dict[str, str] | None = None) -> Any:
@@ -26,27 +37,7 @@ def _cp_json(session: Session, cp: Checkpoint, labels: dict[str, str] | None = N
     return checkpoint_json(cp, labels if labels is not None else session.labels())
 
 
-def _line(cp: Checkpoint, labels: dict[str, str], heads: dict[str, list[str]]) -> str:
-    label = labels.get(cp.id)
-    parts = [
-        click.style(short(cp.id), fg="yellow"),
-        f"step {cp.step:<4}",
-        f"{cp.kind:<10}",
-        cp.created_at[:19].replace("T", " "),
-    ]
-    if cp.id in heads:
-        parts.append(click.style(printable(f"({', '.join(heads[cp.id])})"), fg="green"))
-    if label:
-        parts.append(click.style(printable(f"[{label}]"), fg="cyan"))
-    if cp.status and cp.status != "running":
-        colour = {"completed": "green", "failed": "red"}.get(cp.status, "magenta")
-        parts.append(click.style(f"<{cp.status}>", fg=colour))
-    if cp.message:
-        parts.append(printable(cp.message))
-    return "  ".join(parts)
-
-
-@cli.command()
+@click.command()
 @click.argument("directory", required=False, type=click.Path(file_okay=False))
 @click.option(
     "--new-key",
@@ -130,7 +121,7 @@ def init(ctx: Ctx, directory: str | None, new_key: str | None, durability: str |
     )
 
 
-@cli.command()
+@click.command()
 @click.option("-m", "--message", help="What this checkpoint is.")
 @click.option("-l", "--label", help="A name to find it by later (e.g. 'tests-pass').")
 @click.option(
@@ -200,8 +191,8 @@ def snap(
         ctx,
         {**_cp_json(session, cp), "created": True},
         f"{click.style(short(cp.id), fg='yellow')} step {cp.step}: {_count(cp.workspace.files)}, "
-        f"{_size(cp.workspace.bytes)}"
-        + "".join(f", {n} ({_size(cp.artifacts[n].size)})" for n in artifacts)
+        f"{size_text(cp.workspace.bytes)}"
+        + "".join(f", {n} ({size_text(cp.artifacts[n].size)})" for n in artifacts)
         + (f" - {message}" if message else ""),
     )
 
@@ -214,7 +205,7 @@ def _artifact_spec(spec: str, *, need_path: bool) -> tuple[str, str | None]:
     return name, (path or None)
 
 
-@cli.command()
+@click.command()
 @click.option("--graph", is_flag=True, help="Draw the branch tree.")
 @click.option("-n", "--limit", type=int, help="Show at most N checkpoints.")
 @json_option
@@ -247,10 +238,10 @@ def log(ctx: Ctx, graph: bool, limit: int | None) -> None:
             marker = f"HEAD -> {branch}" if branch == session.branch else branch
             heads.setdefault(head, []).append(marker)
         if graph:
-            _draw_graph(cps, labels, heads, session.head.id if session.head else None)
+            draw_graph(cps, labels, heads, session.head.id if session.head else None)
         else:
             for cp in cps:
-                click.echo(_line(cp, labels, heads))
+                click.echo(checkpoint_line(cp, labels, heads))
     if damaged:
         for exc in damaged:
             click.echo(f"error: {exc}", err=True)
@@ -262,52 +253,7 @@ def log(ctx: Ctx, graph: bool, limit: int | None) -> None:
         raise SystemExit(EXIT_INTEGRITY)
 
 
-def _draw_graph(
-    cps: list[Checkpoint],
-    labels: dict[str, str],
-    heads: dict[str, list[str]],
-    current: str | None = None,
-) -> None:
-    """Oldest first; the line leading to ``current`` (else the newest) runs down the left
-    edge, and every other branch is drawn indented where it leaves it."""
-    by_id = {cp.id: cp for cp in cps}
-    children: dict[str | None, list[Checkpoint]] = {}
-    for cp in sorted(cps, key=lambda c: c.id):
-        parent = cp.parent if cp.parent in by_id else None
-        children.setdefault(parent, []).append(cp)
-    newest: dict[str, str] = {}
-    for cp in sorted(cps, key=lambda c: c.id, reverse=True):  # children before parents
-        newest[cp.id] = max([cp.id, *(newest[k.id] for k in children.get(cp.id, []))])
-    on_path: set[str] = set()
-    node = by_id.get(current) if current else None
-    while node is not None:
-        on_path.add(node.id)
-        node = by_id.get(node.parent) if node.parent else None
-
-    def main_child(kids: list[Checkpoint]) -> Checkpoint:
-        for k in kids:
-            if k.id in on_path:
-                return k
-        return max(kids, key=lambda k: newest[k.id])
-
-    def walk(cp: Checkpoint, lead: str, rest: str) -> None:
-        while True:
-            click.echo(lead + "● " + _line(cp, labels, heads))
-            kids = children.get(cp.id, [])
-            if not kids:
-                return
-            main = main_child(kids)
-            for k in kids:
-                if k is not main:
-                    walk(k, rest + "├─", rest + "│ ")
-            cp, lead = main, rest
-
-    roots = children.get(None, [])
-    for root in roots:
-        walk(root, "", "")
-
-
-@cli.command()
+@click.command()
 @click.argument("ref", default="HEAD")
 @click.option("--files", "list_files", is_flag=True, help="List every file in the snapshot.")
 @click.option("--artifact", metavar="NAME", help="Fetch this artifact (with -o) instead.")
@@ -389,14 +335,14 @@ def show(ctx: Ctx, ref: str, list_files: bool, artifact: str | None, output: str
     )
     if manifest:
         click.echo(
-            f"  {'workspace':<14} {manifest['files']} files, {_size(manifest['bytes'])} "
+            f"  {'workspace':<14} {manifest['files']} files, {size_text(manifest['bytes'])} "
             f"in {printable(str(manifest['root']))}"
         )
         for e in manifest.get("entries", []):
             click.echo(f"    {e['type']} {e['mode']:>7} {e['size']:>10}  {printable(e['path'])}")
     for name, art in cp.artifacts.items():
         click.echo(
-            f"  {'artifact':<14} {printable(name)}: {_size(art.size)} in {art.chunks} chunks, "
+            f"  {'artifact':<14} {printable(name)}: {size_text(art.size)} in {art.chunks} chunks, "
             f"from {printable(str(art.path))}"
         )
     state = data["state"]
@@ -435,11 +381,11 @@ def _fetch_artifact(
             "digest": art.digest,
             "size": art.size,
         },
-        f"wrote {name} ({_size(art.size)}) of {short(cp.id)} to {path}",
+        f"wrote {name} ({size_text(art.size)}) of {short(cp.id)} to {path}",
     )
 
 
-@cli.command()
+@click.command()
 @click.argument("a")
 @click.argument("b", default="HEAD")
 @click.option("--stat", is_flag=True, help="Only list changed paths.")
@@ -485,7 +431,7 @@ def diff(ctx: Ctx, a: str, b: str, stat: bool, full: bool) -> None:
         click.echo("".join(_content_line(t) + "\n" for t in lines), nl=False)
 
 
-@cli.command()
+@click.command()
 @click.argument("ref")
 @click.option("--files-only", is_flag=True, help="Restore files; keep the current state.")
 @click.option("--state-only", is_flag=True, help="Restore state; keep the current files.")
@@ -603,7 +549,7 @@ def rewind(
     )
 
 
-@cli.command()
+@click.command()
 @click.argument("ref")
 @click.option("-b", "--branch", help="Name of the new branch (default: fork-<id>).")
 @click.option(
@@ -632,7 +578,7 @@ def fork(ctx: Ctx, ref: str, branch: str | None, into: str | None) -> None:
     )
 
 
-@cli.command()
+@click.command()
 @click.argument("ref")
 @click.argument("name", required=False)
 @click.option("--delete", is_flag=True, help="Remove the checkpoint's label.")
@@ -656,7 +602,7 @@ def label(ctx: Ctx, ref: str, name: str | None, delete: bool) -> None:
     )
 
 
-@cli.command()
+@click.command()
 @click.option(
     "--mirror",
     "mirror",
@@ -696,14 +642,14 @@ def verify(ctx: Ctx, mirror: str | None) -> None:
             click.echo(click.style("damaged: ", fg="red") + p.message, err=True)
         click.echo(
             f"{report.checkpoints} checkpoints, {report.blobs} blobs "
-            f"({_size(report.bytes)}) checked: "
+            f"({size_text(report.bytes)}) checked: "
             + ("ok" if report.ok else f"{len(report.problems)} problem(s)")
         )
     if not report.ok:
         raise SystemExit(EXIT_INTEGRITY)
 
 
-@cli.command()
+@click.command()
 @click.option("--dir", "directory", type=click.Path(file_okay=False), help="Where to run it.")
 @json_option
 @pass_ctx
@@ -735,12 +681,3 @@ def _content_line(line: str) -> str:
 
 def _count(n: int, noun: str = "file") -> str:
     return f"{n} {noun}" + ("" if n == 1 else "s")
-
-
-def _size(n: int) -> str:
-    value = float(n)
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if value < 1024 or unit == "GiB":
-            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
-        value /= 1024
-    return f"{n} B"  # pragma: no cover

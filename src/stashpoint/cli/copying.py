@@ -6,16 +6,14 @@ from typing import TYPE_CHECKING
 
 import click
 
-from ..errors import EncryptionKeyError
-from . import cli
-from ._app import Ctx, emit, json_option, missing_local_store
+from ._app import Ctx, emit, json_option, missing_local_store, pass_ctx, size_text
 from ._progress import ByteProgress
-from .bundles import _size
 
 if TYPE_CHECKING:
     from .._store import Store
 
-pass_ctx = click.make_pass_decorator(Ctx)
+# Library modules are imported inside the commands, not here: every CLI run (``--help``
+# too) imports this module (start-up time).
 
 
 def _existing(url: str) -> str:
@@ -30,6 +28,7 @@ def _open_source(url: str, *, plain_ok: bool) -> Store:
     session is copied --as a new one into an encrypted store: a plain source is then opened
     without it (opening it with a key is refused: its rows are not encrypted)."""
     from ..crypto import key_from_env
+    from ..errors import EncryptionKeyError
     from ..opening import open_store
 
     try:
@@ -47,7 +46,7 @@ def _open_source(url: str, *, plain_ok: bool) -> Store:
             raise exc from None  # encrypted under another key: the first error says so
 
 
-@cli.command("copy")
+@click.command("copy")
 @click.option("--from", "source", required=True, metavar="URL", help="Store to copy from.")
 @click.option("--to", "dest", required=True, metavar="URL", help="Store to copy into (created).")
 @click.option(
@@ -101,7 +100,7 @@ def copy_cmd(
         f"copied {len(report.sessions)} session(s) ({', '.join(report.sessions)}): "
         f"{report.checkpoints} checkpoint(s)"
         + (f" ({report.present} already there)" if report.present else "")
-        + f", {report.blobs} objects ({_size(report.bytes)}) from {report.source} to "
+        + f", {report.blobs} objects ({size_text(report.bytes)}) from {report.source} to "
         f"{report.dest}; "
         + ("verified" if report.verified else f"{len(report.problems)} problem(s)"),
     )

@@ -20,6 +20,7 @@ import click
 from ..opening import open_store
 from ..session import Session
 from ._app import short
+from ._history import draw_graph
 
 __all__ = ["run_demo"]
 
@@ -126,9 +127,10 @@ def _durable_scene(base: Path, say: Callable[..., None]) -> dict[str, Any]:
     done_before = sum(1 for e, _ in _executions(outside) if e == "END")
     say(f"  kill -9 after {done_before} finished steps (a crash, mid-task)")
     from ..durable import Journal
+    from ..durable.entries import StepEntry
 
     store = open_store(ws / ".stashpoint")
-    journaled = sum(1 for e in Journal(store.session(SESSION)).entries if e.get("k") == "step")
+    journaled = sum(1 for e in Journal(store.session(SESSION)).entries if type(e) is StepEntry)
     store.close()
     again = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
     executed = sum(1 for e, pid in _executions(outside) if e == "START" and pid != proc.pid)
@@ -216,14 +218,12 @@ def run_demo(directory: Path | None, *, json_out: bool = False) -> dict[str, Any
     b.checkpoint(message="Branch B: add sub()")
     say(f"  branch {b.branch!r} has its own directory; both evolve independently")
     say(click.style("\nHistory (stashpoint log --graph):", bold=True))
-    from .commands import _draw_graph
-
     labels = run.labels()
     heads: dict[str, list[str]] = {}
     for branch, head in run.branches().items():
         heads.setdefault(head, []).append(branch)
     if not json_out:
-        _draw_graph(run.history(), labels, heads, run.head.id if run.head else None)
+        draw_graph(run.history(), labels, heads, run.head.id if run.head else None)
     d = run.diff(good, bad)
     say(
         click.style(

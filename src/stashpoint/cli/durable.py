@@ -8,13 +8,13 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from . import cli
-from ._app import Ctx, emit, json_option, short
+from ._app import Ctx, emit, json_option, pass_ctx, short
 
 if TYPE_CHECKING:
     from ..durable import Pending
 
-pass_ctx = click.make_pass_decorator(Ctx)
+# Library modules are imported inside the commands, not here: every CLI run (``--help``
+# too) imports this module (start-up time).
 
 _MARK = {
     "pending": "·",
@@ -56,7 +56,7 @@ def _pending_lines(p: Pending | None) -> list[str]:
     ]
 
 
-@cli.command()
+@click.command()
 @click.argument("ref", required=False)
 @json_option
 @pass_ctx
@@ -130,7 +130,7 @@ def _decide(
     )
 
 
-@cli.command()
+@click.command()
 @click.argument("ident", metavar="ID", required=False)
 @click.option("--reason", "-r", help="Why (recorded in the history).")
 @click.option("--by", help="Who decides (default: $USER).")
@@ -158,7 +158,7 @@ def approve(
     _decide(ctx, ident, approved=True, reason=reason, by=by, done=done, result=result)
 
 
-@cli.command()
+@click.command()
 @click.argument("ident", metavar="ID", required=False)
 @click.option("--reason", "-r", help="Why (recorded; the agent receives it).")
 @click.option("--by", help="Who decides (default: $USER).")
@@ -175,7 +175,7 @@ def reject(ctx: Ctx, ident: str | None, reason: str | None, by: str | None) -> N
     _decide(ctx, ident, approved=False, reason=reason, by=by)
 
 
-@cli.command(context_settings={"ignore_unknown_options": True})
+@click.command(context_settings={"ignore_unknown_options": True})
 @click.option("--dry-run", is_flag=True, help="Only say where the run stands and what would run.")
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
 @json_option

@@ -7,8 +7,7 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from . import cli
-from ._app import Ctx, emit, json_option, short
+from ._app import Ctx, emit, json_option, pass_ctx, short, size_text
 from ._progress import ByteProgress
 
 if TYPE_CHECKING:
@@ -16,16 +15,8 @@ if TYPE_CHECKING:
     from ..retention import Plan
     from ..upkeep import Upkeep
 
-pass_ctx = click.make_pass_decorator(Ctx)
-
-
-def _size(n: int) -> str:
-    value = float(n)
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if abs(value) < 1024 or unit == "GiB":
-            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
-        value /= 1024
-    return f"{n} B"  # pragma: no cover
+# Library modules are imported inside the commands, not here: every CLI run (``--help``
+# too) imports this module (start-up time).
 
 
 def _seconds(text: str) -> float:
@@ -38,7 +29,7 @@ def _seconds(text: str) -> float:
         return parse_duration(text).total_seconds()
 
 
-@cli.command()
+@click.command()
 @click.option("--session", "session_opt", metavar="NAME", help="Prune this session.")
 @click.option("--all", "all_sessions", is_flag=True, help="Prune every session of the store.")
 @click.option(
@@ -149,7 +140,7 @@ def prune(
     for name in names:
         plan = retention.plan_session(store, name, policy)
         done = [] if dry_run else retention.apply(store, plan)
-        plans.append((plan, done, store.meta.labels(name)))
+        plans.append((plan, done, store.session(name).labels()))
     if ctx.json:
         emit(
             ctx,
@@ -234,11 +225,11 @@ def _run_upkeep(ctx: Ctx, store: Store, current: Upkeep, dry_run: bool) -> None:
     )
     if not dry_run:
         text.append(
-            f"  kept checkpoints reference {_size(report.kept_bytes)}; freed "
-            f"{_size(report.freed_bytes)}"
+            f"  kept checkpoints reference {size_text(report.kept_bytes)}; freed "
+            f"{size_text(report.freed_bytes)}"
             + (f"; {report.rounds} budget round(s)" if report.rounds else "")
             + (
-                f"; {_size(report.pending_bytes)} freed after gc's grace period"
+                f"; {size_text(report.pending_bytes)} freed after gc's grace period"
                 if report.pending_bytes
                 else ""
             )
@@ -257,7 +248,7 @@ def _describe(p: Plan, ident: str, labels: dict[str, str]) -> str:
     return text + (f"  [{label}]" if label else "")
 
 
-@cli.command()
+@click.command()
 @click.option("--dry-run", is_flag=True, help="Report what would be freed; change nothing.")
 @click.option(
     "--grace",
@@ -301,22 +292,22 @@ def gc(ctx: Ctx, dry_run: bool, grace: str | None, wait: bool, vacuum: bool) -> 
         click.echo(click.style("warning: ", fg="yellow") + problem, err=True)
     head = (
         f"{report.checkpoints} checkpoints ({report.pruned} pruned); "
-        f"{report.live_blobs} blobs in use ({_size(report.live_bytes)}); "
-        f"{report.garbage_blobs} unreferenced ({_size(report.garbage_bytes)}), "
-        f"{report.garbage_logs} unreferenced logs ({_size(report.garbage_log_bytes)})"
+        f"{report.live_blobs} blobs in use ({size_text(report.live_bytes)}); "
+        f"{report.garbage_blobs} unreferenced ({size_text(report.garbage_bytes)}), "
+        f"{report.garbage_logs} unreferenced logs ({size_text(report.garbage_log_bytes)})"
     )
     click.echo(head)
     if dry_run:
         click.echo("nothing changed (--dry-run)")
         return
     click.echo(
-        f"freed {_size(report.freed_bytes)}: {report.freed_blobs} blobs, {report.freed_logs} "
+        f"freed {size_text(report.freed_bytes)}: {report.freed_blobs} blobs, {report.freed_logs} "
         f"logs, {report.packs_deleted} packs deleted, {report.packs_repacked} repacked"
         + (f", {report.temp_files} temp files" if report.temp_files else "")
     )
     if report.pending_blobs or report.pending_logs:
         click.echo(
-            f"{report.pending_blobs} blobs ({_size(report.pending_bytes)}) and "
+            f"{report.pending_blobs} blobs ({size_text(report.pending_bytes)}) and "
             f"{report.pending_logs} logs are condemned but wait until "
             f"{report.collectable_after or 'the grace period ends'}: other processes have the "
             "store open and may be mid-checkpoint. Run `stashpoint gc` again then, or "
@@ -324,7 +315,7 @@ def gc(ctx: Ctx, dry_run: bool, grace: str | None, wait: bool, vacuum: bool) -> 
         )
 
 
-@cli.command()
+@click.command()
 @json_option
 @pass_ctx
 def du(ctx: Ctx) -> None:
@@ -350,13 +341,13 @@ def du(ctx: Ctx) -> None:
         return
     click.echo(click.style(f"{'kind':<16} {'count':>9} {'size':>11}", bold=True))
     for kind, row in u.kinds.items():
-        click.echo(f"{kind:<16} {row['count']:>9} {_size(row['bytes']):>11}")
+        click.echo(f"{kind:<16} {row['count']:>9} {size_text(row['bytes']):>11}")
     click.echo(click.style("\nsessions", bold=True))
     for name, s in u.sessions.items():
         click.echo(
             f"  {name}: {s['records']} checkpoints ({s['pruned']} pruned), records "
-            f"{_size(s['record_bytes'])}, messages {_size(s['message_bytes'])}, "
-            f"blobs in use {_size(s['blob_bytes'])}"
+            f"{size_text(s['record_bytes'])}, messages {size_text(s['message_bytes'])}, "
+            f"blobs in use {size_text(s['blob_bytes'])}"
         )
     click.echo(f"\nautomatic upkeep: {policy.describe()}")
     if policy.enabled and policy.max_bytes:
@@ -367,7 +358,7 @@ def du(ctx: Ctx) -> None:
         click.echo(f"\ngc: {g['error']}")
     else:
         click.echo(
-            f"\ngc would free {_size(g['garbage_bytes'] + g['garbage_log_bytes'])}: "
+            f"\ngc would free {size_text(g['garbage_bytes'] + g['garbage_log_bytes'])}: "
             f"{g['garbage_blobs']} blobs, {g['garbage_logs']} logs"
             + (f" ({g['pending_blobs']} blobs already condemned)" if g["pending_blobs"] else "")
         )

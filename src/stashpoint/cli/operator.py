@@ -14,10 +14,10 @@ from typing import Any
 
 import click
 
-from . import cli
-from ._app import Ctx, emit, json_option, short
+from ._app import Ctx, emit, json_option, pass_ctx, short
 
-pass_ctx = click.make_pass_decorator(Ctx)
+# Library modules are imported inside the commands, not here: every CLI run (``--help``
+# too) imports this module (start-up time).
 
 
 def _load_validators(specs: tuple[str, ...], root: Path) -> list[Callable[[dict[str, Any]], Any]]:
@@ -86,7 +86,7 @@ def _edit_in_editor(state: dict[str, Any]) -> dict[str, Any] | None:
     return state
 
 
-@cli.command()
+@click.command()
 @click.argument("ref", required=False)
 @click.option(
     "--set",
@@ -174,7 +174,7 @@ def edit(
     )
 
 
-@cli.command(context_settings={"ignore_unknown_options": True})
+@click.command(context_settings={"ignore_unknown_options": True})
 @click.option("--random", "random_runs", default=5, show_default=True, help="Random-instant kills.")
 @click.option(
     "--boundaries/--no-boundaries",

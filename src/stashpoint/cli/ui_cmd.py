@@ -8,14 +8,13 @@ from pathlib import Path
 
 import click
 
-from ..errors import MissingExtraError
-from . import cli
-from ._app import Ctx, json_option
+from ._app import Ctx, json_option, pass_ctx
 
-pass_ctx = click.make_pass_decorator(Ctx)
+# Library modules are imported inside the commands, not here: every CLI run (``--help``
+# too) imports this module (start-up time).
 
 
-@cli.command()
+@click.command()
 @click.option("--port", type=int, default=8765, show_default=True, help="0: any free port.")
 @click.option(
     "--host",
@@ -41,7 +40,7 @@ def ui(ctx: Ctx, port: int, host: str, token: str | None, open_browser: bool) ->
       stashpoint ui                  # prints http://127.0.0.1:8765/?token=…
       stashpoint ui --port 0 --json  # {"url": …, "port": …} on the first line, for scripts
     """
-    from ..errors import UsageError
+    from ..errors import MissingExtraError, UsageError
     from ..webui import LOOPBACK, create_app, new_token
     from ..workspace import check_root
 
