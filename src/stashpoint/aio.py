@@ -171,6 +171,7 @@ def _awaited(
     async def awaited(self: AsyncSession, /, *args: P.args, **kwargs: P.kwargs) -> T:
         return await self._call(functools.partial(method, self.sync), *args, **kwargs)
 
+    awaited.__qualname__ = f"AsyncSession.{method.__name__}"
     return awaited
 
 

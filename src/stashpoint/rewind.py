@@ -15,7 +15,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import shutil
 import warnings
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -68,6 +67,8 @@ class RewindResult:
 
 
 def _empty_directory(path: Path, *, remove: bool) -> None:
+    import shutil  # here: it imports bz2, lzma and zlib, which a checkpoint never needs
+
     for child in path.iterdir():
         if child.is_dir() and not child.is_symlink():
             shutil.rmtree(child, ignore_errors=True)
