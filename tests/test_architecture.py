@@ -20,7 +20,6 @@ MAX_LINES = 800
 # Modules still over the limit, at most as long as they are now: each may only shrink
 # (a split moves code into new modules, which the limit then covers).
 OVERSIZED = {
-    "session.py": 2120,
     "integrations/langgraph.py": 1810,
 }
 

@@ -17,6 +17,8 @@ import re
 import threading
 import time
 
+from .errors import UsageError
+
 _ALPHABET = "0123456789ABCDEFGHJKMNPQRSTVWXYZ"
 _ID_RE = re.compile(r"[0-9A-HJKMNP-TV-Z]{26}")
 _lock = threading.Lock()
@@ -64,3 +66,16 @@ def id_time_ms(ident: str) -> int:
     for ch in ident[:10]:
         value = value * 32 + _ALPHABET.index(ch)
     return value
+
+
+def check_name(kind: str, name: str) -> None:
+    """Names are stored as text by every backend: one that is empty, holds NUL or is not
+    valid Unicode (a stray byte from a command line) is refused here, with a clear error."""
+    if not name:
+        raise UsageError(f"a {kind} needs a non-empty name")
+    if "\0" in name:
+        raise UsageError(f"a {kind} name cannot contain NUL: {name!r}")
+    try:
+        name.encode("utf-8")
+    except UnicodeEncodeError:
+        raise UsageError(f"a {kind} name must be valid Unicode: {name!r}") from None

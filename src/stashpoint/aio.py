@@ -65,12 +65,20 @@ import contextvars
 import functools
 import os
 import threading
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping, Sequence
+from collections.abc import (
+    AsyncIterator,
+    Awaitable,
+    Callable,
+    Coroutine,
+    Iterator,
+    Mapping,
+    Sequence,
+)
 from concurrent.futures import Future, ThreadPoolExecutor
-from contextlib import AbstractContextManager
-from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec, TypeVar, cast, overload
+from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec, TypeVar, cast
 
 from ._store import Store
+from .durable_surface import DurableDecorators, DurableMethods
 from .errors import IntegrityError, UsageError
 from .lease import Lease
 from .opening import open_store
@@ -80,7 +88,7 @@ if TYPE_CHECKING:
     from types import TracebackType
 
     from .durability import Durability
-    from .durable import Effect, Pending, RunResult, Task
+    from .durable import Durable, RunResult
     from .model import ArtifactRef, Checkpoint
     from .session import CheckpointDiff, RewindResult, Session
 
@@ -151,6 +159,20 @@ class _SerialQueue:
                 return
             except RuntimeError:  # closing: finish this session's queue here
                 continue
+
+
+def _awaited(
+    method: Callable[Concatenate[Session, P], T],
+) -> Callable[Concatenate[AsyncSession, P], Coroutine[Any, Any, T]]:
+    """The sync session's ``method`` as a coroutine run in the session's queue, with its
+    name, signature and docstring: a durable method is written once, in the sync session."""
+
+    @functools.wraps(method)
+    async def awaited(self: AsyncSession, /, *args: P.args, **kwargs: P.kwargs) -> T:
+        return await self._call(functools.partial(method, self.sync), *args, **kwargs)
+
+    awaited.__qualname__ = f"AsyncSession.{method.__name__}"
+    return awaited
 
 
 def _bind(fn: Callable[P, T], /, *args: P.args, **kwargs: P.kwargs) -> Callable[[], T]:
@@ -378,7 +400,7 @@ open_async = open
 """``stashpoint.open_async``: :func:`open` under a name that reads well at the top level."""
 
 
-class AsyncSession:
+class AsyncSession(DurableDecorators):
     """A :class:`~stashpoint.Session` for asyncio code: the same method names, awaited.
 
     Every method that does I/O is a coroutine that runs the sync method in this session's
@@ -628,119 +650,19 @@ class AsyncSession:
         await self._call(_nothing)
         return await self.sync.arun(fn, *args, fresh=fresh, **kwargs)
 
-    async def tasks(self, ref: str | Checkpoint | None = None) -> list[Task]:
-        """Task statuses: as of the running program's position, or of a checkpoint."""
-        return await self._call(self.sync.tasks, ref)
+    # Awaited in this session's queue, each the sync session's method: one signature.
+    tasks = _awaited(DurableMethods.tasks)
+    remaining_tasks = _awaited(DurableMethods.remaining_tasks)
+    effects = _awaited(DurableMethods.effects)
+    pending = _awaited(DurableMethods.pending)
+    approve = _awaited(DurableMethods.approve)
+    reject = _awaited(DurableMethods.reject)
 
-    async def remaining_tasks(self) -> list[Task]:
-        """Tasks not completed or skipped, in plan order: where a resumed run continues."""
-        return await self._call(self.sync.remaining_tasks)
-
-    async def effects(self, since: str | Checkpoint | None = None) -> list[Effect]:
-        """The side-effect ledger of the branch's journal (after checkpoint ``since``)."""
-        return await self._call(self.sync.effects, since)
-
-    async def pending(self) -> Pending | None:
-        """The decision the branch's run waits for, if any."""
-        return await self._call(self.sync.pending)
-
-    async def approve(
-        self,
-        ident: str | None = None,
-        *,
-        reason: str | None = None,
-        by: str | None = None,
-        done: bool = False,
-        result: Any = None,
-    ) -> Checkpoint:
-        """Approve what the run waits for (see :meth:`Session.approve`)."""
-        return await self._call(
-            self.sync.approve, ident, reason=reason, by=by, done=done, result=result
-        )
-
-    async def reject(
-        self, ident: str | None = None, *, reason: str | None = None, by: str | None = None
-    ) -> Checkpoint:
-        """Reject it: the resumed run's call raises :class:`~stashpoint.ToolRejected`."""
-        return await self._call(self.sync.reject, ident, reason=reason, by=by)
-
-    # The decorators and task helpers below are used inside a running program: they are the
-    # sync session's, and journal inline (see the module docstring).
-    @overload
-    def step(self, fn: F, /) -> F: ...
-
-    @overload
-    def step(
-        self, fn: None = None, /, *, name: str | None = None, retries: int = 0, backoff: float = 0.5
-    ) -> Callable[[F], F]: ...
-
-    def step(
-        self,
-        fn: F | None = None,
-        /,
-        *,
-        name: str | None = None,
-        retries: int = 0,
-        backoff: float = 0.5,
-    ) -> F | Callable[[F], F]:
-        """Decorator: a durable step (see :meth:`Session.step`); sync or async functions."""
-        wrap: Callable[[F], F] = self.sync.step(name=name, retries=retries, backoff=backoff)
-        return wrap if fn is None else wrap(fn)
-
-    @overload
-    def tool(self, fn: F, /) -> F: ...
-
-    @overload
-    def tool(
-        self,
-        fn: None = None,
-        /,
-        *,
-        name: str | None = None,
-        irreversible: bool = False,
-        approval: bool = False,
-        compensate: Callable[..., Any] | None = None,
-    ) -> Callable[[F], F]: ...
-
-    def tool(
-        self,
-        fn: F | None = None,
-        /,
-        *,
-        name: str | None = None,
-        irreversible: bool = False,
-        approval: bool = False,
-        compensate: Callable[..., Any] | None = None,
-    ) -> F | Callable[[F], F]:
-        """Decorator: a durable tool call (see :meth:`Session.tool`)."""
-        wrap: Callable[[F], F] = self.sync.tool(
-            name=name, irreversible=irreversible, approval=approval, compensate=compensate
-        )
-        return wrap if fn is None else wrap(fn)
-
-    def plan(self, tasks: Any) -> list[Task]:
-        """Declare the task list (see :meth:`Session.plan`); journaled inline."""
-        return self.sync.plan(tasks)
-
-    def task(self, task_id: str) -> AbstractContextManager[None]:
-        """``with run.task(id):`` (see :meth:`Session.task`); journaled inline."""
-        return cast("AbstractContextManager[None]", self.sync.task(task_id))
-
-    def set_task(self, task_id: str, status: str, note: str | None = None) -> None:
-        self.sync.set_task(task_id, status, note)
-
-    def track(self, provider: Callable[[], Mapping[str, Any]]) -> Callable[[], Mapping[str, Any]]:
-        """Register what automatic checkpoints of a durable run record as state."""
-        return self.sync.track(provider)
-
-    def resource(self, name: str) -> Callable[[F], F]:
-        """Decorator: a factory for a live resource (see :meth:`Session.resource`)."""
-        return self.sync.resource(name)
-
-    def get_resource(self, name: str) -> Any:
-        """The live resource, created once per process by its factory, on the caller's thread:
-        a factory may build loop-bound objects (async clients), so it is not moved off it."""
-        return self.sync.get_resource(name)
+    # The decorators and task helpers (DurableDecorators) are used inside a running program:
+    # they register with the sync session's engine and journal inline (see the module
+    # docstring).
+    def _engine(self) -> Durable:
+        return self.sync.durable
 
     async def close(self) -> None:
         """Release the lease the session took (after every queued call has finished).

@@ -1,8 +1,11 @@
 """Operator corrections to a checkpoint's state: ``--set PATH=VALUE`` and JSON Patch.
 
-Pure functions over plain data: they never touch the store, so a bad edit fails before
-anything is written. Paths are JSON Pointers (RFC 6901: ``/plan/steps/0``) or, for typing
-convenience, dotted paths (``plan.steps.0``). In both, a list index is ``0`` or ASCII digits
+The path and patch functions are pure, over plain data: they never touch the store, so a
+bad edit fails before anything is written. :class:`Editing` joins the session's side into
+:class:`~stashpoint.Session`: validators, and the edit saved as a new child checkpoint.
+
+Paths are JSON Pointers (RFC 6901: ``/plan/steps/0``) or, for typing convenience, dotted
+paths (``plan.steps.0``). In both, a list index is ``0`` or ASCII digits
 without a leading zero (RFC 6901), and ``-`` is the end of the list where an item is added.
 """
 
@@ -10,15 +13,31 @@ from __future__ import annotations
 
 import copy
 import json
-from collections.abc import Mapping, Sequence
-from typing import Any
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, TypeVar
 
+from ._ids import check_name as _check_name
+from ._runs import UNREAD as _INHERIT
 from .errors import (
+    NotFoundError,
     UsageError,
     ValidationError,
 )
+from .model import Checkpoint, utc_now_iso
 
-__all__ = ["ValidationError", "apply_patch", "parse_assignment", "set_path", "split_path"]
+if TYPE_CHECKING:
+    from .session import Session
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+__all__ = [
+    "Editing",
+    "ValidationError",
+    "apply_patch",
+    "parse_assignment",
+    "set_path",
+    "split_path",
+]
 
 
 def split_path(path: str) -> list[str]:
@@ -148,3 +167,116 @@ def apply_patch(doc: dict[str, Any], patch: Any) -> dict[str, Any]:
         else:
             raise UsageError(f"patch operation #{n}: unknown op {kind!r}")
     return out
+
+
+# -- a session's edits -------------------------------------------------------------------
+def validator(self: Session, fn: F) -> F:
+    """Decorator: register a state validator for :meth:`edit`."""
+    self.validators.append(fn)
+    return fn
+
+
+def validate(self: Session, state: dict[str, Any]) -> None:
+    """Run every validator; ValidationError naming the first that refuses."""
+
+    for check in self.validators:
+        name = getattr(check, "__qualname__", repr(check))
+        try:
+            verdict = check(state)
+        except Exception as exc:
+            raise ValidationError(f"validator {name} refused the state: {exc}") from exc
+        if verdict is False or (isinstance(verdict, str) and verdict):
+            why = verdict if isinstance(verdict, str) else "it returned False"
+            raise ValidationError(f"validator {name} refused the state: {why}")
+
+
+def edit(
+    self: Session,
+    ref: str | Checkpoint | None = None,
+    *,
+    assign: Mapping[str, Any] | None = None,
+    patch: list[dict[str, Any]] | None = None,
+    state: Mapping[str, Any] | None = None,
+    reason: str | None = None,
+    by: str | None = None,
+    branch: str | None = None,
+) -> Checkpoint:
+    """Correct a checkpoint's state and save it as a new child checkpoint (kind ``edit``,
+    with who, when and why); the original stays as it was.
+
+    ``assign`` maps paths (``plan.budget`` or ``/plan/budget``) to new values (the CLI's
+    ``--set``), ``patch`` is a
+    JSON Patch, ``state`` replaces the state whole. Validators run first: a refused edit
+    saves nothing. Editing the head continues the branch (a durable run resumes from the
+    edit); editing an older checkpoint needs ``branch``, a new branch starting at the edit.
+    """
+    from .durable import _user
+
+    target = self._as_checkpoint(ref)
+    if target is None:
+        raise NotFoundError(f"branch {self.branch!r} of session {self.name!r} is empty")
+    head = self.head
+    if branch is None and (head is None or head.id != target.id):
+        raise UsageError(
+            f"{target.id} is not the head of branch {self.branch!r}: to edit an older "
+            "checkpoint, name a new branch for the edit (branch=… / --branch NAME)"
+        )
+    new = dict(state) if state is not None else self.state(target)
+    changes: list[str] = []
+    for path, value in (assign or {}).items():
+        set_path(new, split_path(path), value)
+        changes.append(f"set {path}")
+    if patch is not None:
+        new = apply_patch(new, patch)
+        changes += [f"{op.get('op')} {op.get('path')}" for op in patch]
+    if state is not None:
+        changes.append("replaced the state")
+    self.validate(new)
+    meta: dict[str, dict[str, Any]] = {
+        "edit": {
+            "of": target.id,
+            "by": by or _user(),
+            "reason": reason,
+            "changes": changes,
+            "at": utc_now_iso(),
+        }
+    }
+    message = "edited: " + (reason or "; ".join(changes) or "no change")
+    from .durable import Journal
+
+    def withdraw(on: Session, command: Mapping[str, Any] | None = None) -> None:
+        # Approved arguments must come from the edited state: unanswered requests are
+        # withdrawn, and each call asks again with the arguments it then has.
+        withdrawn = Journal(on).cancel_pending(f"superseded by an edit: {message}", command=command)
+        on._run_record = _INHERIT  # the edit checkpoint records the journal with them
+        if withdrawn:
+            meta["edit"]["withdrew"] = withdrawn[0].to_dict()
+        if len(withdrawn) > 1:
+            meta["edit"]["withdrew_all"] = [p.to_dict() for p in withdrawn]
+
+    if branch is None:
+        withdraw(self)
+        return self.checkpoint(new, kind="edit", message=message, meta=meta, files=False)
+    _check_name("branch", branch)
+    if branch in self.branches():
+        raise UsageError(f"branch {branch!r} already exists in session {self.name!r}")
+    command = Journal(self).last_command  # a resume on the new branch runs the same program
+    self.store.meta.set_head(self.name, branch, target.id, None, fence=self.fence)
+    other = type(self)(
+        self.store,
+        self.name,
+        branch=branch,
+        schema_version=self.schema_version,
+        conversation_key=self.conversation_key,
+    )
+    other.config_hash = self.config_hash
+    withdraw(other, command)
+    return other.checkpoint(new, kind="edit", message=message, meta=meta, files=False)
+
+
+class Editing:
+    """The methods above, as :class:`~stashpoint.Session` has them."""
+
+    validator = validator
+    validate = validate
+    edit = edit

@@ -20,12 +20,13 @@ import weakref
 from typing import TYPE_CHECKING
 
 from .errors import LeaseHeld, LeaseLost, StoreError, UsageError
-from .stores.base import Fence, LeaseInfo
+from .stores.base import Fence, LeaseInfo, lease_held
 
 if TYPE_CHECKING:
+    from .session import Session
     from .stores.base import Leases
 
-__all__ = ["DEFAULT_TTL", "Lease", "acquire"]
+__all__ = ["DEFAULT_TTL", "Lease", "LeaseHolder", "acquire", "for_session"]
 
 DEFAULT_TTL = 30.0
 
@@ -183,3 +184,58 @@ def _forget_in_child() -> None:
 
 if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_forget_in_child)
+
+
+# -- a session holding a lease ------------------------------------------------------------
+def for_session(
+    meta: Leases, name: str, lease: Lease | bool | float | None
+) -> tuple[Lease | None, bool]:
+    """The lease a session opened with ``lease=`` holds, and whether it took it (then it
+    releases it on close): a :class:`Lease` given (it must cover that session), one taken
+    now (``True``: the default ttl; a number: that ttl), or none."""
+    if isinstance(lease, Lease):
+        if lease.session != name:
+            raise UsageError(f"that lease covers session {lease.session!r}, not {name!r}")
+        return lease, False
+    if lease is None or lease is False:
+        return None, False
+    ttl = DEFAULT_TTL if lease is True else float(lease)
+    return acquire(meta, name, ttl=ttl), True
+
+
+def check_may_write(self: Session) -> None:
+    """Refuse to start work the store would refuse to record: with a lease, one that was
+    lost (:class:`LeaseLost`); without one, while another worker holds a live lease on the
+    session (:class:`LeaseHeld`). Called before a durable run starts (so no step body or
+    side effect runs outside the lease) and before writes the store does not fence
+    itself (labels, run records)."""
+    if self.lease is not None:
+        self.lease.check()
+        return
+    info = self.store.meta.lease_info(self.name)
+    if info is not None and info.expires_in > 0:
+        raise lease_held(self.name, info.owner, info.expires_in)
+
+
+def close(self: Session) -> None:
+    """Release the lease this session took (if any); the session is unusable for writes
+    after that. Sessions without a lease hold nothing that needs closing."""
+    if self.lease is not None and self._owns_lease:
+        self.lease.release()
+
+
+def __enter__(self: Session) -> Session:
+    return self
+
+
+def __exit__(self: Session, *exc: object) -> None:
+    self.close()
+
+
+class LeaseHolder:
+    """The methods above, as :class:`~stashpoint.Session` has them."""
+
+    check_may_write = check_may_write
+    close = close
+    __enter__ = __enter__
+    __exit__ = __exit__

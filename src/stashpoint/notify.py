@@ -51,7 +51,7 @@ FEED_TIMEOUT = 60.0
 def payload(session: Session, pending: Pending, cp: Checkpoint | None) -> dict[str, Any]:
     """The notification document, redacted with the session's redactor (a ``Pending`` holds
     the arguments as given: the journal redacts its own copy only when it writes it)."""
-    from .session import _args_summary
+    from .durable_surface import args_summary as _args_summary
 
     ident = cp.id if cp is not None else pending.id
     base = ["stashpoint"]

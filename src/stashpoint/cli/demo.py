@@ -144,7 +144,7 @@ def _durable_scene(base: Path, say: Callable[..., None]) -> dict[str, Any]:
     tasks = run.tasks()
     say("  tasks: " + ", ".join(f"{t.id} [{t.status}]" for t in tasks))
     if again.returncode == EXIT_APPROVAL and pending is not None:
-        from ..session import _args_summary
+        from ..durable_surface import args_summary as _args_summary
 
         say(f"  waiting for approval of {pending.tool}{_args_summary(pending.args)}")
         run.approve(reason="release checklist done", by="demo")

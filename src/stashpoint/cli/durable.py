@@ -32,7 +32,7 @@ _COLOUR = {
 
 
 def _args_text(args: Any) -> str:
-    from ..session import _args_summary
+    from ..durable_surface import args_summary as _args_summary
 
     return _args_summary(args, limit=100)
 
