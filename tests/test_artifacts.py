@@ -12,7 +12,7 @@ import json
 import os
 import random
 import subprocess
-import tempfile
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -23,7 +23,7 @@ import stashpoint
 from stashpoint.errors import UsageError
 from stashpoint.model import ArtifactRef
 
-from .conftest import STASHPOINT, Result
+from .conftest import Result
 
 Sp = Callable[..., Result]
 MIB = 1 << 20
@@ -65,20 +65,32 @@ def ws(tmp_path: Path) -> Path:
 # -- the headline: a GiB file, a 4 MB change -------------------------------------------------
 
 
+_MEASURED = """
+import atexit, os, runpy, sys
+
+def _peak():  # VmHWM: this image's own peak (ru_maxrss would count the parent's at fork)
+    with open("/proc/self/status") as f:
+        hwm = next(int(line.split()[1]) for line in f if line.startswith("VmHWM:"))
+    with open(os.environ["SP_TEST_PEAK"], "w") as out:
+        out.write(str(hwm // 1024))
+
+atexit.register(_peak)
+sys.argv = ["stashpoint", *sys.argv[1:]]
+runpy.run_module("stashpoint", run_name="__main__", alter_sys=True)
+"""
+
+
 def run_measured(args: list[str], cwd: Path, home: Path) -> tuple[int, str, int]:
     """Run the CLI; returns (exit code, stdout, peak RSS in MiB) of that process alone."""
-    env = dict(os.environ, HOME=str(home))
+    peak = home / f"peak-{len(list(home.glob('peak-*')))}.txt"
+    env = dict(os.environ, HOME=str(home), SP_TEST_PEAK=str(peak))
     env.pop("STASHPOINT_STORE", None)
     env.pop("STASHPOINT_SESSION", None)
-    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
-        proc = subprocess.Popen([*STASHPOINT, *args], cwd=cwd, env=env, stdout=out, stderr=err)
-        _pid, status, usage = os.wait4(proc.pid, 0)
-        proc.returncode = os.waitstatus_to_exitcode(status)
-        out.seek(0)
-        err.seek(0)
-        text = out.read().decode()
-        assert proc.returncode == 0, err.read().decode() + text
-    return proc.returncode, text, usage.ru_maxrss // 1024
+    proc = subprocess.run(
+        [sys.executable, "-c", _MEASURED, *args], cwd=cwd, env=env, capture_output=True, text=True
+    )
+    assert proc.returncode == 0, proc.stderr + proc.stdout
+    return proc.returncode, proc.stdout, int(peak.read_text())
 
 
 @pytest.mark.slow

@@ -57,9 +57,10 @@ def pause_and_die(ws: Path, store: str) -> None:
 def test_paused_run_resumes_in_a_fresh_process_from_the_store_alone(tmp_path: Path) -> None:
     ws, store = tmp_path / "ws", str(tmp_path / "store")
     ws.mkdir()
-    # forked before this process opens the store or builds an agent: nothing of the run
-    # reaches the resuming side but what the store holds
-    child = multiprocessing.get_context("fork").Process(target=pause_and_die, args=(ws, store))
+    # a fresh interpreter (spawned, not forked: a fork of a test worker whose earlier tests
+    # started the SDK's threads can inherit a held lock and hang): nothing of the run reaches
+    # the resuming side but what the store holds
+    child = multiprocessing.get_context("spawn").Process(target=pause_and_die, args=(ws, store))
     child.start()
     child.join(120)
     assert child.exitcode == 0
@@ -159,7 +160,7 @@ def test_two_processes_resuming_one_paused_run_run_the_tool_once(tmp_path: Path)
         session.close()
 
     asyncio.run(pause())
-    ctx = multiprocessing.get_context("fork")
+    ctx = multiprocessing.get_context("spawn")  # see above: a fork could inherit a held lock
     go, out = ctx.Barrier(2), ctx.Queue()
     procs = [ctx.Process(target=resume_when_told, args=(ws, store, go, out)) for _ in range(2)]
     for proc in procs:

@@ -16,7 +16,6 @@ import threading
 import time
 from collections.abc import Awaitable, Callable, Iterator, Mapping
 from contextlib import contextmanager
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal, TypeVar, cast
 
 import msgspec
@@ -55,7 +54,18 @@ from .entries import (
     loose,
 )
 from .journal import Journal
-from .results import DONE_TASK, TASK_STATUSES, Effect, Pending, RunPaused, RunResult, Task
+from .results import (
+    DONE_TASK,
+    TASK_STATUSES,
+    Effect,
+    Pending,
+    RunPaused,
+    RunResult,
+    Task,
+    _effect_key,
+    _ToolSpec,
+    current_effect_key,
+)
 
 if TYPE_CHECKING:
     from ..session import Session
@@ -65,29 +75,11 @@ __all__ = ["Durable", "current_effect_key"]
 T = TypeVar("T")
 
 _json = msgspec.json.Encoder()
-_effect_key: contextvars.ContextVar[str | None] = contextvars.ContextVar(
-    "stashpoint_effect_key", default=None
-)
 _nested: contextvars.ContextVar[tuple[tuple[object, list[int]], ...]] = contextvars.ContextVar(
     "stashpoint_nested_slots", default=()
 )
 """(engine, slots) of the step and tool bodies running now, innermost last: each durable call
 made inside a body adds its slot to every enclosing body's list of that engine."""
-
-
-@dataclass
-class _ToolSpec:
-    name: str
-    irreversible: bool
-    approval: bool
-    compensate: Callable[..., Any] | None
-
-
-def current_effect_key() -> str | None:
-    """Idempotency key of the irreversible tool call running now: pass it to the API you call
-    (e.g. an ``Idempotency-Key`` header), so a retry after an in-doubt crash, which reuses the
-    key, cannot do the thing twice."""
-    return _effect_key.get()
 
 
 # -- the engine -----------------------------------------------------------------------------
@@ -111,8 +103,7 @@ class Durable:
         self._depth = 0
         self.chaos = ChaosHooks.from_env()
         self.offload: Callable[[Callable[[], Any]], Awaitable[Any]] | None = None
-        self._inflight: set[Any] = set()
-        """Journal work handed off the loop and not finished yet (asyncio futures)."""
+        self._inflight: set[Any] = set()  # journal work handed off the loop, not done yet
         """How async steps run their journal I/O off the event loop (default: a worker
         thread; :class:`stashpoint.aio.AsyncSession` puts it in its session queue)."""
 
@@ -154,11 +145,9 @@ class Durable:
         return cast(T, await future)
 
     async def _settle(self) -> None:
-        """Wait for the journal work other coroutines of the run have handed off: when one
-        call pauses the run (an approval gate under ``asyncio.gather``), a sibling's request
-        already on its way to the journal is recorded before the run reports its pause, so
-        every pending decision is there to see, whatever the threads' timing. Only journal
-        writes are awaited, never a step's body."""
+        """Wait for journal writes other coroutines of the run handed off: when one call pauses
+        the run (a gate under ``asyncio.gather``), a sibling's request already on its way is
+        recorded before the pause is reported. Never waits for a step's body."""
         import asyncio
 
         for _ in range(100):  # a sibling may hand off one more write after each one lands

@@ -3,6 +3,8 @@ for, the task list and the side-effect ledger."""
 
 from __future__ import annotations
 
+import contextvars
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -106,3 +108,23 @@ class Decision:
     approved: bool
     reason: str | None
     by: str
+
+
+_effect_key: contextvars.ContextVar[str | None] = contextvars.ContextVar(
+    "stashpoint_effect_key", default=None
+)
+
+
+@dataclass
+class _ToolSpec:
+    name: str
+    irreversible: bool
+    approval: bool
+    compensate: Callable[..., Any] | None
+
+
+def current_effect_key() -> str | None:
+    """Idempotency key of the irreversible tool call running now: pass it to the API you call
+    (e.g. an ``Idempotency-Key`` header), so a retry after an in-doubt crash, which reuses the
+    key, cannot do the thing twice."""
+    return _effect_key.get()
