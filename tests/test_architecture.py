@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from .test_docs import generated_file_is_current
+
 tomllib = pytest.importorskip("tomllib")  # Python 3.11+; the CI runs 3.11
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -58,9 +60,4 @@ def test_modules_stay_small() -> None:
 
 
 def test_the_architecture_page_is_current() -> None:
-    done = subprocess.run(
-        [sys.executable, str(ROOT / "tools" / "architecture.py"), "--check"],
-        capture_output=True,
-        text=True,
-    )
-    assert done.returncode == 0, done.stderr
+    generated_file_is_current("architecture")

@@ -80,20 +80,20 @@ def test_code_block_runs(where: str, lang: str, mode: str, code: str, tmp_path: 
     assert done.returncode == 0, f"{where} failed:\n{done.stdout}\n{done.stderr}"
 
 
-def test_cli_reference_is_current() -> None:
+def generated_file_is_current(tool: str) -> None:
+    """``python tools/TOOL.py --check``: the committed output equals what the tool writes."""
     done = subprocess.run(
-        [sys.executable, str(ROOT / "tools" / "cli_reference.py"), "--check"],
+        [sys.executable, str(ROOT / "tools" / f"{tool}.py"), "--check"],
         capture_output=True,
         text=True,
     )
     assert done.returncode == 0, done.stderr
+
+
+def test_cli_reference_is_current() -> None:
+    generated_file_is_current("cli_reference")
 
 
 def test_shipped_secret_rules_are_current() -> None:
     """The detect-secrets rules shipped in the package are what the pinned release gives."""
-    done = subprocess.run(
-        [sys.executable, str(ROOT / "tools" / "secret_rules.py"), "--check"],
-        capture_output=True,
-        text=True,
-    )
-    assert done.returncode == 0, done.stderr
+    generated_file_is_current("secret_rules")

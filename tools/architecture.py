@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 
 import tomllib
+from _generated import write_or_check  # tools/ is on sys.path when a tool runs
 
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = ROOT / "src" / "stashpoint"
@@ -87,15 +88,7 @@ def render() -> str:
 
 
 def main(argv: list[str]) -> int:
-    text = render()
-    if "--check" in argv:
-        if not OUT.exists() or OUT.read_text() != text:
-            print(f"{OUT} is stale: run `python tools/architecture.py`", file=sys.stderr)
-            return 1
-        return 0
-    OUT.write_text(text)
-    print(f"wrote {OUT}")
-    return 0
+    return write_or_check(OUT, render(), argv, "python tools/architecture.py")
 
 
 if __name__ == "__main__":

@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import click
+from _generated import write_or_check  # tools/ is on sys.path when a tool runs
 
 from stashpoint.cli import cli
 
@@ -45,15 +46,7 @@ def render() -> str:
 
 
 def main(argv: list[str]) -> int:
-    text = render()
-    if "--check" in argv:
-        if not OUT.exists() or OUT.read_text() != text:
-            print(f"{OUT} is stale: run `python tools/cli_reference.py`", file=sys.stderr)
-            return 1
-        return 0
-    OUT.write_text(text)
-    print(f"wrote {OUT}")
-    return 0
+    return write_or_check(OUT, render(), argv, "python tools/cli_reference.py")
 
 
 if __name__ == "__main__":

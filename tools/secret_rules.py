@@ -9,19 +9,13 @@ from __future__ import annotations
 
 import sys
 
+from _generated import write_or_check  # tools/ is on sys.path when a tool runs
+
 from stashpoint.secrets_rules import SHIPPED, derived_rules_document
 
 
 def main(argv: list[str]) -> int:
-    text = derived_rules_document()
-    if "--check" in argv:
-        if not SHIPPED.exists() or SHIPPED.read_text() != text:
-            print(f"{SHIPPED} is stale: run `python tools/secret_rules.py`", file=sys.stderr)
-            return 1
-        return 0
-    SHIPPED.write_text(text)
-    print(f"wrote {SHIPPED}")
-    return 0
+    return write_or_check(SHIPPED, derived_rules_document(), argv, "python tools/secret_rules.py")
 
 
 if __name__ == "__main__":
