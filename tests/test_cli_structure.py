@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import importlib
 import pkgutil
+import subprocess
+import sys
 
 import click
 import pytest
@@ -46,3 +48,39 @@ def test_every_command_defined_is_attached() -> None:
         if isinstance(value, click.Command) and id(value) not in reachable
     }
     assert defined == set(), "attach these in stashpoint/cli/__init__.py"
+
+
+def test_each_summary_is_the_first_sentence_of_its_command() -> None:
+    """`stashpoint --help` lists the summaries of stashpoint.cli.COMMANDS instead of importing
+    the commands: at every width they must read as the commands' own help would."""
+    lazy = stashpoint.cli.COMMANDS
+    for name, (_where, summary) in lazy.items():
+        command = cli.commands[name]
+        assert command.get_short_help_str(10**6) == summary, f"update COMMANDS[{name!r}]"
+        assert not command.hidden and not command.deprecated and command.name == name
+
+    def listing(group: click.Group, width: int) -> str:
+        ctx = click.Context(group, info_name="stashpoint", terminal_width=width)
+        return group.get_help(ctx)
+
+    fresh = type(cli)(name="stashpoint", lazy=lazy)  # nothing imported: summaries only
+    loaded = type(cli)(name="stashpoint", lazy=lazy)
+    for name in lazy:
+        loaded.commands[name]  # imports the command
+    for width in (40, 80, 100, 200):
+        assert listing(fresh, width) == listing(loaded, width)
+
+
+def test_help_imports_no_command_and_not_rich() -> None:
+    code = (
+        "import sys\n"
+        "from stashpoint.cli import main\n"
+        "try:\n"
+        "    main(['--help'])\n"
+        "except SystemExit:\n"
+        "    pass\n"
+        "print(sorted(m for m in sys.modules if m.startswith(('stashpoint.', 'rich'))))\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.splitlines()[-1] == "['stashpoint.cli', 'stashpoint.cli._lazy']"

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import sys
+from typing import NoReturn
 
 import click
 
 from .. import __version__
-from . import bundles, commands, copying, durable, hooks, maintenance, operator, ui_cmd
-from ._app import EXIT_USER, Ctx
+from ._lazy import LazyGroup
 
 __all__ = ["cli", "main"]
 
@@ -22,7 +22,138 @@ STASHPOINT_DURABILITY: fsync (default), group[:N][,Tms] or exit (see `stashpoint
 """
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]}, epilog=EPILOG)
+# Every command, attached here and nowhere else: name -> ("module:attribute", summary). A
+# command module defines plain click commands and never imports this group, so the modules
+# import each other in one direction. Each module is imported when one of its commands runs,
+# never for `stashpoint --help` (start-up time), which lists the summaries: the first sentence
+# of each command's help, checked against it by tests/test_cli_structure.py.
+COMMANDS: dict[str, tuple[str, str]] = {
+    "init": (
+        "commands:init",
+        "Create a store (.stashpoint) in DIRECTORY (default: the current directory).",
+    ),
+    "snap": (
+        "commands:snap",
+        "Snapshot the workspace (all files, also those changed by shell commands).",
+    ),
+    "log": (
+        "commands:log",
+        "List the session's checkpoints, newest first (a child always before its parent).",
+    ),
+    "show": (
+        "commands:show",
+        "Show one checkpoint: metadata, state, a workspace summary and its artifacts.",
+    ),
+    "diff": (
+        "commands:diff",
+        "Compare two checkpoints: state, conversation and files (unified diff).",
+    ),
+    "rewind": (
+        "commands:rewind",
+        "Go back to a checkpoint: files and state (default), or only one of them.",
+    ),
+    "fork": (
+        "commands:fork",
+        "Start a new branch from a checkpoint, here or in another directory.",
+    ),
+    "label": ("commands:label", "Give a checkpoint a name you can use instead of its id."),
+    "verify": (
+        "commands:verify",
+        "Check every checkpoint, hash chain, conversation and blob in the store.",
+    ),
+    "demo": (
+        "commands:demo",
+        (
+            "Run a scripted agent for ~10 steps, then rewind, fork and diff its history; then a "
+            "durable agent that is killed with kill -9, resumed, paused for approval and approved."
+        ),
+    ),
+    "tasks": (
+        "durable:tasks",
+        "Show the run's task list with statuses (of the live run, or as of checkpoint REF).",
+    ),
+    "approve": (
+        "durable:approve",
+        (
+            "Approve the tool call a paused run waits for (ID: the paused checkpoint or request id;"
+            " default: the one pending decision)."
+        ),
+    ),
+    "reject": (
+        "durable:reject",
+        (
+            "Reject the tool call a paused run waits for: on resume the call raises ToolRejected in"
+            " the agent (with the reason) instead of running."
+        ),
+    ),
+    "resume": (
+        "durable:resume",
+        (
+            "Continue the session's durable run from where it stopped: runs the agent program again"
+            " (the command it was started with, or the one after --); recorded steps replay from "
+            "the journal, the rest execute."
+        ),
+    ),
+    "prune": (
+        "maintenance:prune",
+        "Apply a retention policy: mark old checkpoints pruned, then `gc` frees their space.",
+    ),
+    "gc": ("maintenance:gc", "Free blobs, packs and logs that no kept checkpoint references."),
+    "du": (
+        "maintenance:du",
+        "Show where the store's bytes are: by kind, per session, and what gc would free.",
+    ),
+    "export": (
+        "bundles:export_cmd",
+        "Write the session (or the checkpoint REF with its ancestors) to one bundle file.",
+    ),
+    "import": (
+        "bundles:import_cmd",
+        (
+            "Import a bundle into this store (created here if there is none), into the session it "
+            "was exported from (or a new one: --as NAME)."
+        ),
+    ),
+    "copy": (
+        "copying:copy_cmd",
+        "Copy sessions from one store to another: SQLite, PostgreSQL, Redis, memory, S3 blobs.",
+    ),
+    "edit": (
+        "operator:edit",
+        (
+            "Correct the state of checkpoint REF (default HEAD) and save it as a new child "
+            "checkpoint of kind `edit` (who, when, why recorded); the original is untouched."
+        ),
+    ),
+    "chaos": (
+        "operator:chaos",
+        (
+            "Test that an agent recovers: run COMMAND in fresh copies of this directory, kill it "
+            "(SIGKILL) after each step boundary and at random instants, resume it until it "
+            "finishes, and report per run whether it reached an uninterrupted run's output with no "
+            "step body executed again after its result was journaled."
+        ),
+    ),
+    "hooks": (
+        "hooks:hooks",
+        "Snapshot the workspace from a coding agent's hooks (Claude Code, Codex, Aider).",
+    ),
+    "ui": (
+        "ui_cmd:ui",
+        (
+            "Serve the time-travel debugger: sessions, checkpoint tree, state, file diffs, restore "
+            "/ fork / approve."
+        ),
+    ),
+}
+
+
+@click.group(
+    cls=LazyGroup,
+    lazy=COMMANDS,
+    context_settings={"help_option_names": ["-h", "--help"]},
+    epilog=EPILOG,
+)
 @click.option(
     "--store",
     "store_url",
@@ -72,45 +203,23 @@ def cli(
       stashpoint diff HEAD~1 HEAD            # what changed
       stashpoint rewind HEAD~1               # go back (undoable)
     """
+    from ._app import (
+        Ctx,
+    )  # here, not at the top: `stashpoint --help` never runs this (start-up time)
+
     c.obj = Ctx(store_url, session_name, json_out, workspace, force, mirror_url)
-
-
-# Every command, attached here and nowhere else: a command module defines plain click
-# commands and never imports this group, so the modules import each other in one direction.
-COMMANDS: tuple[click.Command, ...] = (
-    commands.init,
-    commands.snap,
-    commands.log,
-    commands.show,
-    commands.diff,
-    commands.rewind,
-    commands.fork,
-    commands.label,
-    commands.verify,
-    commands.demo,
-    durable.tasks,
-    durable.approve,
-    durable.reject,
-    durable.resume,
-    maintenance.prune,
-    maintenance.gc,
-    maintenance.du,
-    bundles.export_cmd,
-    bundles.import_cmd,
-    copying.copy_cmd,
-    operator.edit,
-    operator.chaos,
-    hooks.hooks,
-    ui_cmd.ui,
-)
-for _command in COMMANDS:
-    cli.add_command(_command)
 
 
 def _show_warning(
     message: Warning | str, category: type[Warning], *_args: object, **_kw: object
 ) -> None:
     click.echo(f"warning: {message}", err=True)
+
+
+def _exit_user() -> NoReturn:
+    from ._app import EXIT_USER  # here, not at the top: `--help` does not import _app (start-up)
+
+    sys.exit(EXIT_USER)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -126,10 +235,10 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(exc.exit_code)
     except click.exceptions.Abort:
         click.echo("aborted", err=True)
-        sys.exit(EXIT_USER)
+        _exit_user()
     except click.ClickException as exc:
         exc.show()
-        sys.exit(EXIT_USER)
+        _exit_user()
     except KeyboardInterrupt:
         click.echo("interrupted", err=True)
         sys.exit(130)
@@ -142,6 +251,6 @@ def main(argv: list[str] | None = None) -> None:
         if isinstance(exc, OSError):  # a full disk, a permission: a message, not a traceback
             where = f" ({exc.filename})" if exc.filename else ""
             click.echo(f"error: {exc.strerror or exc}{where}", err=True)
-            sys.exit(EXIT_USER)
+            _exit_user()
         raise
     sys.exit(0)
