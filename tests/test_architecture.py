@@ -5,6 +5,7 @@ functions), and no module growing past 800 lines.
 
 from __future__ import annotations
 
+import ast
 import re
 import subprocess
 import sys
@@ -57,6 +58,48 @@ def test_modules_stay_small() -> None:
         if lines > OVERSIZED.get(rel, MAX_LINES):
             too_long[rel] = lines
     assert too_long == {}, f"split these modules (limit {MAX_LINES} lines): {too_long}"
+
+
+_META_CALLS = {"get_meta", "set_meta", "iter_meta"}
+# The conformance suite exercises a backend's key-value space with arbitrary keys of its own.
+_META_EXEMPT = {"metakeys.py", "testing/conformance.py"}
+
+
+def _literal_start(node: ast.AST) -> str | None:
+    if isinstance(node, ast.JoinedStr) and node.values:
+        node = node.values[0]
+    elif isinstance(node, ast.BinOp) and isinstance(node.op, ast.Add):
+        node = node.left
+    return node.value if isinstance(node, ast.Constant) and isinstance(node.value, str) else None
+
+
+def test_meta_keys_are_named_only_in_metakeys() -> None:
+    """No module spells a store meta key: a meta call starts its key with a name from
+    metakeys, and no string is one of its prefixes ("run:", "checkout:"...)."""
+    from stashpoint import metakeys
+
+    prefixes = {
+        value
+        for name, value in vars(metakeys).items()
+        if name.isupper() and isinstance(value, str) and value.endswith(":")
+    }
+    spelled = set()
+    for path in PACKAGE.rglob("*.py"):
+        rel = path.relative_to(PACKAGE).as_posix()
+        if rel in _META_EXEMPT:
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Constant) and node.value in prefixes:
+                spelled.add(f"{rel}:{node.lineno}")
+            if (
+                isinstance(node, ast.Call)
+                and isinstance(node.func, ast.Attribute)
+                and node.func.attr in _META_CALLS
+                and node.args
+                and _literal_start(node.args[0]) is not None
+            ):
+                spelled.add(f"{rel}:{node.lineno}")
+    assert sorted(spelled) == [], "name these keys in stashpoint/metakeys.py"
 
 
 def test_the_architecture_page_is_current() -> None:

@@ -13,15 +13,11 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from .model import Checkpoint
 
-__all__ = ["UNREAD", "record_applies", "run_key"]
+__all__ = ["UNREAD", "record_applies"]
 
 UNREAD: Any = object()
 """A session's run record not read yet (None is read, and absent): read on first use, and
 set back to this after anything that may change it."""
-
-
-def run_key(session: str, branch: str) -> str:
-    return f"run:{session}:{branch}"
 
 
 def record_applies(record: Mapping[str, Any], head: Checkpoint | None) -> bool:

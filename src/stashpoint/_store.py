@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from . import metakeys
 from .blobs.backend import BlobBackend
 from .blobs.local import LocalBlobStore
 from .blobs.objects import Blobs
@@ -30,7 +31,7 @@ if TYPE_CHECKING:
 
 __all__ = ["DEFAULT_DIR", "Store", "check_not_pruned", "ignore_store_dir"]
 
-ENCRYPTION_META = "encryption"
+ENCRYPTION_META = metakeys.ENCRYPTION
 """Store meta key marking an encrypted store: cipher, KDF and key id (never the key)."""
 
 
@@ -106,10 +107,10 @@ class Store:
             meta.close()
             raise
         self.hasher = ChainHasher(key, self.cipher)
-        store_id = meta.get_meta("store_id")
+        store_id = meta.get_meta(metakeys.STORE_ID)
         if store_id is None:
             store_id = uuid.uuid4().hex
-            meta.set_meta("store_id", store_id)
+            meta.set_meta(metakeys.STORE_ID, store_id)
         self.id = store_id
 
     # -- sessions -------------------------------------------------------------------------
@@ -138,7 +139,7 @@ class Store:
 
     @property
     def gc_epoch(self) -> str:
-        return self.meta.get_meta("gc_epoch") or "0"
+        return self.meta.get_meta(metakeys.GC_EPOCH) or "0"
 
     @property
     def cache_dir(self) -> Path | None:

@@ -63,10 +63,10 @@ import asyncio
 import collections
 import contextvars
 import functools
+import inspect
 import os
 import threading
 from collections.abc import (
-    AsyncIterator,
     Awaitable,
     Callable,
     Coroutine,
@@ -75,13 +75,14 @@ from collections.abc import (
     Sequence,
 )
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec, TypeVar, cast
+from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec, Protocol, TypeVar, cast
 
 from ._store import Store
 from .durable_surface import DurableDecorators, DurableMethods
-from .errors import IntegrityError, UsageError
+from .errors import UsageError
 from .lease import Lease
 from .opening import open_store
+from .session import Session
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -89,13 +90,14 @@ if TYPE_CHECKING:
 
     from .durability import Durability
     from .durable import Durable, RunResult
-    from .model import ArtifactRef, Checkpoint
-    from .session import CheckpointDiff, RewindResult, Session
+    from .model import Checkpoint
 
 __all__ = ["AsyncLease", "AsyncSession", "AsyncStore", "open", "open_async"]
 
 P = ParamSpec("P")
 T = TypeVar("T")
+U = TypeVar("U")
+C = TypeVar("C", bound=type)
 F = TypeVar("F", bound=Callable[..., Any])
 
 
@@ -161,18 +163,62 @@ class _SerialQueue:
                 continue
 
 
+class _Twin(Protocol):
+    """What an async twin of a sync class has: the sync object, and a way to run its calls."""
+
+    sync: Any
+
+    async def _call(self, fn: Callable[P, T], /, *args: P.args, **kwargs: P.kwargs) -> T: ...
+
+
 def _awaited(
-    method: Callable[Concatenate[Session, P], T],
-) -> Callable[Concatenate[AsyncSession, P], Coroutine[Any, Any, T]]:
-    """The sync session's ``method`` as a coroutine run in the session's queue, with its
-    name, signature and docstring: a durable method is written once, in the sync session."""
+    method: Callable[Concatenate[Any, P], T], note: str = ""
+) -> Callable[Concatenate[_Twin, P], Coroutine[Any, Any, T]]:
+    """The sync class's ``method`` as a coroutine that runs it off the loop (an
+    :class:`AsyncSession`'s in its queue, an :class:`AsyncStore`'s in its pool), with the
+    method's name, signature and docstring (plus ``note``): each signature is written once, in
+    the sync class, and mypy checks the awaited calls against it."""
+    return _awaited_as(method, _unchanged, note)
+
+
+def _unchanged(_twin: _Twin, value: T) -> T:
+    return value
+
+
+def _awaited_as(
+    method: Callable[Concatenate[Any, P], T],
+    then: Callable[[Any, T], U],
+    note: str = "",
+    returns: str | None = None,
+) -> Callable[Concatenate[_Twin, P], Coroutine[Any, Any, U]]:
+    """:func:`_awaited`, its result passed through ``then(twin, result)`` (a sync session
+    made async), ``returns`` naming the new result type in the signature."""
+    name = method.__name__
 
     @functools.wraps(method)
-    async def awaited(self: AsyncSession, /, *args: P.args, **kwargs: P.kwargs) -> T:
-        return await self._call(functools.partial(method, self.sync), *args, **kwargs)
+    async def awaited(self: _Twin, /, *args: P.args, **kwargs: P.kwargs) -> U:
+        # The object's own method (a subclass may override it), with the signature above.
+        call = cast("Callable[P, T]", getattr(self.sync, name))
+        return then(self, await self._call(call, *args, **kwargs))
 
-    awaited.__qualname__ = f"AsyncSession.{method.__name__}"
+    awaited.__module__ = __name__
+    if note:
+        awaited.__doc__ = f"{inspect.cleandoc(method.__doc__ or '')}\n\n{note}"
+    signature = inspect.signature(method)
+    self_param, *params = signature.parameters.values()
+    awaited.__signature__ = signature.replace(  # type: ignore[attr-defined]
+        parameters=[self_param.replace(annotation=inspect.Parameter.empty), *params],
+        return_annotation=signature.return_annotation if returns is None else returns,
+    )
     return awaited
+
+
+def _named(cls: C) -> C:
+    """Class decorator: the awaited twins defined in ``cls`` are named as its methods."""
+    for name, value in vars(cls).items():
+        if inspect.iscoroutinefunction(value) and hasattr(value, "__wrapped__"):
+            value.__qualname__ = f"{cls.__qualname__}.{name}"
+    return cls
 
 
 def _bind(fn: Callable[P, T], /, *args: P.args, **kwargs: P.kwargs) -> Callable[[], T]:
@@ -181,6 +227,7 @@ def _bind(fn: Callable[P, T], /, *args: P.args, **kwargs: P.kwargs) -> Callable[
     return functools.partial(ctx.run, fn, *args, **kwargs)
 
 
+@_named
 class AsyncStore:
     """A :class:`~stashpoint.Store` for asyncio code: the same methods, awaited.
 
@@ -211,7 +258,7 @@ class AsyncStore:
         except RuntimeError:
             raise _closed() from None
 
-    async def _in_pool(self, fn: Callable[P, T], /, *args: P.args, **kwargs: P.kwargs) -> T:
+    async def _call(self, fn: Callable[P, T], /, *args: P.args, **kwargs: P.kwargs) -> T:
         return await asyncio.wrap_future(self._submit(_bind(fn, *args, **kwargs)))
 
     async def _acquire(self, drop: Callable[[T], object], call: Callable[[], T]) -> T:
@@ -234,34 +281,17 @@ class AsyncStore:
         and completes a rewind that a crash interrupted. With ``lease=True`` (or a ttl) it
         takes the session's lease; cancelled meanwhile, that lease is released.
         """
-        from .session import Session
-
         # Session.close releases only a lease the session took itself, not one passed in.
         sync = await self._acquire(Session.close, _bind(self.sync.session, name, **kwargs))
         return AsyncSession(sync, self)
 
-    async def sessions(self) -> list[str]:
-        return await self._in_pool(self.sync.sessions)
-
-    async def resolve(self, ref: str, session: str | None = None) -> str:
-        """Full id from an id, a unique id prefix or a label (see :meth:`Store.resolve`)."""
-        return await self._in_pool(self.sync.resolve, ref, session)
-
-    async def get(self, ident: str, *, check_parent: bool = True) -> Checkpoint:
-        """A verified checkpoint (see :meth:`Store.get`)."""
-        return await self._in_pool(self.sync.get, ident, check_parent=check_parent)
-
-    async def flush(self) -> None:
-        """Make every checkpoint committed so far durable (deferred durability levels)."""
-        await self._in_pool(self.sync.flush)
-
-    async def set_durability(self, level: Durability | str) -> Durability:
-        """Record ``level`` as the store's default (see :meth:`Store.set_durability`)."""
-        return await self._in_pool(self.sync.set_durability, level)
-
-    async def durability_report(self, level: Durability | None = None) -> dict[str, Any]:
-        """The level and what the backend makes of it (see :meth:`Store.durability_report`)."""
-        return await self._in_pool(self.sync.durability_report, level)
+    # Run in the pool, each the sync store's method: one signature.
+    sessions = _awaited(Store.sessions)
+    resolve = _awaited(Store.resolve)
+    get = _awaited(Store.get)
+    flush = _awaited(Store.flush)
+    set_durability = _awaited(Store.set_durability)
+    durability_report = _awaited(Store.durability_report)
 
     @property
     def cache_dir(self) -> Path | None:
@@ -285,7 +315,7 @@ class AsyncStore:
     ) -> T:
         """``fn(store, *args, **kwargs)`` in a worker thread, for what has no async name,
         e.g. ``await astore.run_sync(stashpoint.verify.verify_store)``."""
-        return await self._in_pool(fn, self.sync, *args, **kwargs)
+        return await self._call(fn, self.sync, *args, **kwargs)
 
     async def close(self) -> None:
         """Wait for every call already made on this store's sessions, then close the store.
@@ -400,6 +430,40 @@ open_async = open
 """``stashpoint.open_async``: :func:`open` under a name that reads well at the top level."""
 
 
+class _Chunks:
+    """An artifact's chunks as an async iterator: each ``next`` in the session's queue."""
+
+    def __init__(self, session: AsyncSession, chunks: Iterator[bytes]) -> None:
+        self._session = session
+        self._chunks = chunks
+
+    def __aiter__(self) -> _Chunks:
+        return self
+
+    async def __anext__(self) -> bytes:
+        chunk = await self._session._call(next, self._chunks, None)
+        if chunk is None:
+            raise StopAsyncIteration
+        return chunk
+
+    async def aclose(self) -> None:
+        """Stop early: close the underlying reader (its files) in the queue."""
+        close = getattr(self._chunks, "close", None)
+        if close is not None:
+            await self._session._call(close)
+
+
+def _in_own_queue(run: AsyncSession, other: Session) -> AsyncSession:
+    """The session of another directory, made by ``run``: async too, with its own queue."""
+    return AsyncSession(other, run.store)
+
+
+def _switched_or_own(run: AsyncSession, other: Session) -> AsyncSession:
+    """What a fork returns: ``run`` itself when it switched branch, else the new directory's."""
+    return run if other is run.sync else _in_own_queue(run, other)
+
+
+@_named
 class AsyncSession(DurableDecorators):
     """A :class:`~stashpoint.Session` for asyncio code: the same method names, awaited.
 
@@ -447,36 +511,15 @@ class AsyncSession(DurableDecorators):
         """The branch head (verified), or None for a branch with no checkpoint yet."""
         return await self._call(lambda: self.sync.head)
 
-    async def resolve(self, ref: str) -> str:
-        """Full id from an id, unique prefix, label, ``HEAD`` or ``HEAD~N``."""
-        return await self._call(self.sync.resolve, ref)
-
-    async def get(self, ref: str) -> Checkpoint:
-        return await self._call(self.sync.get, ref)
-
-    async def history(
-        self, *, limit: int | None = None, damaged: list[IntegrityError] | None = None
-    ) -> list[Checkpoint]:
-        """All checkpoints of the session, newest first, each verified with its chain link
-        (see :meth:`Session.history` for ``damaged``)."""
-        return await self._call(self.sync.history, limit=limit, damaged=damaged)
-
-    async def labels(self) -> dict[str, str]:
-        return await self._call(self.sync.labels)
-
-    async def branches(self) -> dict[str, str]:
-        return await self._call(self.sync.branches)
-
-    async def state(self, ref: str | Checkpoint | None = None) -> dict[str, Any]:
-        """The full state of a checkpoint (default: the head), decoded and verified."""
-        return await self._call(self.sync.state, ref)
-
-    async def diff(self, a: str | Checkpoint, b: str | Checkpoint) -> CheckpointDiff:
-        return await self._call(self.sync.diff, a, b)
-
-    async def check_may_write(self) -> None:
-        """LeaseLost / LeaseHeld if the store would refuse this session's writes."""
-        await self._call(self.sync.check_may_write)
+    # Awaited in this session's queue, each the sync session's method: one signature.
+    resolve = _awaited(Session.resolve)
+    get = _awaited(Session.get)
+    history = _awaited(Session.history)
+    labels = _awaited(Session.labels)
+    branches = _awaited(Session.branches)
+    state = _awaited(Session.state)
+    diff = _awaited(Session.diff)
+    check_may_write = _awaited(Session.check_may_write)
 
     # -- writing --------------------------------------------------------------------------
     async def checkpoint(
@@ -521,56 +564,18 @@ class AsyncSession(DurableDecorators):
             expect_head=expect_head,
         )
 
-    async def artifacts(self, ref: str | Checkpoint | None = None) -> dict[str, ArtifactRef]:
-        return await self._call(self.sync.artifacts, ref)
-
-    async def fetch_artifact(
-        self,
-        ref: str | Checkpoint | None,
-        name: str,
-        dest: str | os.PathLike[str],
-        *,
-        progress: Callable[[int, int], None] | None = None,
-    ) -> Path:
-        """Write an artifact to ``dest`` atomically (see :meth:`Session.fetch_artifact`)."""
-        return await self._call(self.sync.fetch_artifact, ref, name, dest, progress=progress)
-
-    async def read_artifact(self, ref: str | Checkpoint | None, name: str) -> AsyncIterator[bytes]:
-        """Stream an artifact's content, verified chunk by chunk (see
-        :meth:`Session.read_artifact`): ``async for chunk in await run.read_artifact(...)``.
-
-        Awaiting it finds the artifact (so a missing one raises there, as the sync call
-        does); each chunk is then read in this session's queue.
-        """
-        chunks = await self._call(self.sync.read_artifact, ref, name)
-        return _Chunks(self, chunks)
-
-    async def label(self, ref: str, label: str | None) -> Checkpoint:
-        return await self._call(self.sync.label, ref, label)
-
-    async def edit(
-        self,
-        ref: str | Checkpoint | None = None,
-        *,
-        assign: Mapping[str, Any] | None = None,
-        patch: list[dict[str, Any]] | None = None,
-        state: Mapping[str, Any] | None = None,
-        reason: str | None = None,
-        by: str | None = None,
-        branch: str | None = None,
-    ) -> Checkpoint:
-        """Correct a checkpoint's state as a new child checkpoint (see :meth:`Session.edit`);
-        validators run in the worker thread."""
-        return await self._call(
-            self.sync.edit,
-            ref,
-            assign=assign,
-            patch=patch,
-            state=state,
-            reason=reason,
-            by=by,
-            branch=branch,
-        )
+    artifacts = _awaited(Session.artifacts)
+    fetch_artifact = _awaited(Session.fetch_artifact)
+    read_artifact = _awaited_as(
+        Session.read_artifact,
+        _Chunks,
+        "Awaited, it finds the artifact (a missing one raises there, as the sync call does) "
+        "and returns an async iterator, each chunk read in this session's queue: ``async for "
+        "chunk in await run.read_artifact(...)``.",
+        returns="AsyncIterator[bytes]",
+    )
+    label = _awaited(Session.label)
+    edit = _awaited(Session.edit, "Validators run in the worker thread.")
 
     def validator(self, fn: F) -> F:
         """Decorator: register a state validator for :meth:`edit` (no I/O)."""
@@ -580,62 +585,23 @@ class AsyncSession(DurableDecorators):
         """Run every validator (see :meth:`Session.validate`); no store I/O, so not awaited."""
         self.sync.validate(state)
 
-    async def complete_interrupted_restore(self) -> bool:
-        """Finish a rewind a crash interrupted (opening a session already does)."""
-        return await self._call(self.sync.complete_interrupted_restore)
-
-    async def rewind(
-        self,
-        ref: str,
-        *,
-        files: bool = True,
-        state: bool = True,
-        compensate: bool = False,
-        artifacts: bool | Mapping[str, str | os.PathLike[str] | None] = False,
-        progress: Callable[[int, int], None] | None = None,
-        artifacts_to: str | os.PathLike[str] | None = None,
-        recorded_paths: bool = False,
-    ) -> RewindResult:
-        """Go back to a checkpoint: files, state, or both (see :meth:`Session.rewind`);
-        compensations it runs run in the worker thread."""
-        return await self._call(
-            self.sync.rewind,
-            ref,
-            files=files,
-            state=state,
-            compensate=compensate,
-            artifacts=artifacts,
-            progress=progress,
-            artifacts_to=artifacts_to,
-            recorded_paths=recorded_paths,
-        )
-
-    async def bound_root(
-        self, branch: str | None = None, target: Checkpoint | None = None
-    ) -> str | None:
-        """The directory a branch is bound to (see :meth:`Session.bound_root`)."""
-        return await self._call(self.sync.bound_root, branch, target)
-
-    async def materialize(self, into: str | os.PathLike[str], ref: str = "HEAD") -> AsyncSession:
-        """Write a checkpoint into a new or empty directory that then follows this branch
-        (see :meth:`Session.materialize`); the new directory's session is returned."""
-        other = await self._call(self.sync.materialize, into, ref)
-        return AsyncSession(other, self.store)
-
-    async def fork(
-        self,
-        ref: str,
-        branch: str | None = None,
-        *,
-        into: str | os.PathLike[str] | None = None,
-    ) -> AsyncSession:
-        """A new branch starting at a checkpoint (see :meth:`Session.fork`).
-
-        Without ``into`` this session switches to the new branch and is returned; with it,
-        the new directory's session, with its own queue (it runs in parallel with this one).
-        """
-        other = await self._call(self.sync.fork, ref, branch, into=into)
-        return self if other is self.sync else AsyncSession(other, self.store)
+    complete_interrupted_restore = _awaited(Session.complete_interrupted_restore)
+    rewind = _awaited(Session.rewind, "Compensations it runs run in the worker thread.")
+    bound_root = _awaited(Session.bound_root)
+    materialize = _awaited_as(
+        Session.materialize,
+        _in_own_queue,
+        "Awaited, the new directory's :class:`AsyncSession` is returned.",
+        returns="AsyncSession",
+    )
+    fork = _awaited_as(
+        Session.fork,
+        _switched_or_own,
+        "Awaited: without ``into`` this session switches to the new branch and is returned; "
+        "with it, the new directory's session, with its own queue (it runs in parallel with "
+        "this one).",
+        returns="AsyncSession",
+    )
 
     # -- durable execution ----------------------------------------------------------------
     async def arun(
@@ -650,7 +616,6 @@ class AsyncSession(DurableDecorators):
         await self._call(_nothing)
         return await self.sync.arun(fn, *args, fresh=fresh, **kwargs)
 
-    # Awaited in this session's queue, each the sync session's method: one signature.
     tasks = _awaited(DurableMethods.tasks)
     remaining_tasks = _awaited(DurableMethods.remaining_tasks)
     effects = _awaited(DurableMethods.effects)
@@ -682,29 +647,6 @@ class AsyncSession(DurableDecorators):
         tb: TracebackType | None,
     ) -> None:
         await self.close()
-
-
-class _Chunks:
-    """An artifact's chunks as an async iterator: each ``next`` in the session's queue."""
-
-    def __init__(self, session: AsyncSession, chunks: Iterator[bytes]) -> None:
-        self._session = session
-        self._chunks = chunks
-
-    def __aiter__(self) -> _Chunks:
-        return self
-
-    async def __anext__(self) -> bytes:
-        chunk = await self._session._call(next, self._chunks, None)
-        if chunk is None:
-            raise StopAsyncIteration
-        return chunk
-
-    async def aclose(self) -> None:
-        """Stop early: close the underlying reader (its files) in the queue."""
-        close = getattr(self._chunks, "close", None)
-        if close is not None:
-            await self._session._call(close)
 
 
 def _nothing() -> None:

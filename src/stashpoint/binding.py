@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING
 from . import restore_target
 from ._store import Store
 from .errors import StashpointWarning, UsageError
+from .metakeys import checkout_key
 from .workspace import Workspace, check_root
 
 if TYPE_CHECKING:
@@ -54,7 +55,7 @@ def open_workspace(
 
 
 def _checkout_key(self: Session) -> str | None:
-    return f"checkout:{self.name}:{self.root}" if self.root is not None else None
+    return checkout_key(self.name, self.root) if self.root is not None else None
 
 
 def _checkout_branch(self: Session) -> str | None:

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from . import metakeys
 from .errors import UsageError
 
 __all__ = [
@@ -82,7 +83,7 @@ DURABILITY = Setting(
     "durability",
     ("STASHPOINT_DURABILITY",),
     pyproject="durability",
-    meta="durability",
+    meta=metakeys.DURABILITY,
     default="fsync",
     argument="open_store(durability=), ?durability=, --durability",
     help="how soon a checkpoint survives a power loss: fsync, group[:N][,Tms], exit",

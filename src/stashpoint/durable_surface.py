@@ -17,8 +17,9 @@ from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Any, TypeVar, cast, overload
 
 from ._runs import UNREAD as _INHERIT
-from ._runs import record_applies, run_key
+from ._runs import record_applies
 from .errors import IntegrityError, UsageError
+from .metakeys import run_key
 from .model import Checkpoint, LogRef
 
 if TYPE_CHECKING:

@@ -7,10 +7,13 @@ sealed without having to know about encryption. Only the keys in :data:`PLAINTEX
 readable, each for a reason given beside it: they are read before the key is known or
 compared by a backend inside a transaction, and none holds application state.
 
-Prefixes end with their separator; the full key adds a session, branch or directory.
+Prefixes end with their separator; the full key adds a session, branch or directory, and
+the function beside a prefix builds it, so no other module spells a key.
 """
 
 from __future__ import annotations
+
+import json
 
 __all__ = [
     "BLOBS_URL",
@@ -34,7 +37,14 @@ __all__ = [
     "UPKEEP",
     "UPKEEP_LAST",
     "WORKSPACE",
+    "checkout_key",
+    "compensation_key",
+    "import_key",
     "is_plaintext",
+    "langgraph_pending_key",
+    "restore_journal_key",
+    "run_key",
+    "workspace_key",
 ]
 
 # -- plaintext in an encrypted store ------------------------------------------------------
@@ -60,7 +70,7 @@ PLAINTEXT: frozenset[str] = frozenset(
 
 # -- sealed in an encrypted store ---------------------------------------------------------
 RUN = "run:"
-"""``run:<session>:<branch>``: a durable run's record (defined in ``_runs.run_key``)."""
+"""``run:<session>:<branch>``: a durable run's record (:func:`run_key`)."""
 COMPENSATE = "compensate:"
 """``compensate:<session>:<branch>``: a durable run's compensation plan."""
 LANGGRAPH_PENDING = "langgraph:pending:"
@@ -85,6 +95,36 @@ UPKEEP = "upkeep"
 """The store's automatic-upkeep settings."""
 UPKEEP_LAST = "upkeep:last"
 """When automatic upkeep last ran."""
+
+
+def run_key(session: str, branch: str) -> str:
+    return f"{RUN}{session}:{branch}"
+
+
+def compensation_key(session: str, branch: str) -> str:
+    return f"{COMPENSATE}{session}:{branch}"
+
+
+def langgraph_pending_key(session: str) -> str:
+    return f"{LANGGRAPH_PENDING}{session}"
+
+
+def checkout_key(session: str, directory: object) -> str:
+    return f"{CHECKOUT}{session}:{directory}"
+
+
+def restore_journal_key(directory: object) -> str:
+    return f"{RESTORE_JOURNAL}{directory}"
+
+
+def workspace_key(session: str, branch: str) -> str:
+    # JSON, not "a:b": session names like "lg:thread" hold colons themselves.
+    return WORKSPACE + json.dumps([session, branch], ensure_ascii=False)
+
+
+def import_key(session: str) -> str:
+    return f"{IMPORT}{session}"
+
 
 SEALED_ALWAYS = (RUN, COMPENSATE, LANGGRAPH_PENDING)
 """Prefixes every encrypted store has sealed since encryption exists: a plaintext value under

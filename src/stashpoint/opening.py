@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import uuid
 
+from . import metakeys
 from ._store import Store
 from .blobs.backend import BlobBackend
 from .durability import Durability
@@ -125,7 +126,7 @@ def _upkeep(store: Store) -> None:
     run_if_due(store)
 
 
-_BLOBS_KEY = "blobs_url"
+_BLOBS_KEY = metakeys.BLOBS_URL
 
 
 def _blob_store(meta: MetadataStore, blobs: str | None) -> BlobBackend | None:
@@ -149,10 +150,10 @@ def _blob_store(meta: MetadataStore, blobs: str | None) -> BlobBackend | None:
             "this store already has checkpoints whose blobs are kept elsewhere; S3 blobs "
             "can be chosen only when a store is created (copy it: stashpoint copy)"
         )
-    store_id = meta.get_meta("store_id")
+    store_id = meta.get_meta(metakeys.STORE_ID)
     if store_id is None:  # the id Store() would give it, given now to claim the prefix
         store_id = uuid.uuid4().hex
-        meta.set_meta("store_id", store_id)
+        meta.set_meta(metakeys.STORE_ID, store_id)
     s3.claim(store_id)
     if recorded is None:
         meta.set_meta(_BLOBS_KEY, s3.url.rstrip("/"))

@@ -19,7 +19,6 @@ by this machine's own checkpoints and restores, never by an import.
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Iterable, Mapping
 from pathlib import Path
@@ -28,6 +27,7 @@ from typing import TYPE_CHECKING
 from .errors import (
     RestoreRefused,
 )
+from .metakeys import workspace_key
 from .urls import parse_store_url
 
 if TYPE_CHECKING:
@@ -50,11 +50,6 @@ UNBOUND = ""
 """The binding of a branch that came from a bundle: no directory until the user names one."""
 
 
-def _key(session: str, branch: str) -> str:
-    # JSON, not "a:b": session names like "lg:thread" hold colons themselves.
-    return "workspace:" + json.dumps([session, branch], ensure_ascii=False)
-
-
 _RELATIVE = "rel:"
 """A binding kept relative to the store's directory: the store lives inside the workspace
 (``proj/.stashpoint``), so a project moved or copied with its store stays bound to itself."""
@@ -63,7 +58,7 @@ _RELATIVE = "rel:"
 def bound_to(store: Store, session: str, branch: str) -> str | None:
     """The directory ``branch`` is bound to; ``UNBOUND`` (imported, no directory yet), or
     None when nothing was ever recorded (a new branch, or a store older than bindings)."""
-    raw = store.meta.get_meta(_key(session, branch))
+    raw = store.meta.get_meta(workspace_key(session, branch))
     if raw is not None and raw.startswith(_RELATIVE):
         if store.home is None:
             return UNBOUND
@@ -77,12 +72,12 @@ def bind(store: Store, session: str, branch: str, root: Path) -> None:
         value = _RELATIVE + os.path.relpath(root, home)
     else:
         value = str(root)
-    store.meta.set_meta(_key(session, branch), value)
+    store.meta.set_meta(workspace_key(session, branch), value)
 
 
 def unbind(store: Store, session: str, branch: str) -> None:
     """Mark an imported branch as bound to no directory."""
-    store.meta.set_meta(_key(session, branch), UNBOUND)
+    store.meta.set_meta(workspace_key(session, branch), UNBOUND)
 
 
 def usable(bound: str | None) -> bool:

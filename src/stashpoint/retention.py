@@ -203,7 +203,7 @@ def protected_checkpoints(store: Store, session: str) -> dict[str, str]:
     """Checkpoints of ``session`` that something outside the history still needs: the start
     of a live durable run (``run``) and both ends of an interrupted rewind (``restore``)."""
     out: dict[str, str] = {}
-    for _key, raw in store.meta.iter_meta(f"{metakeys.RUN}{session}:"):
+    for _key, raw in store.meta.iter_meta(metakeys.run_key(session, "")):  # all branches
         rec = _json(raw)
         if isinstance(rec.get("base"), str):
             out[rec["base"]] = "run"

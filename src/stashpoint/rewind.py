@@ -36,6 +36,7 @@ from .errors import (
     StashpointWarning,
     UsageError,
 )
+from .metakeys import restore_journal_key
 from .model import Checkpoint, utc_now_iso
 from .stores.base import CheckpointRow, Commit
 from .workspace import RestoreStats, restoring
@@ -119,7 +120,7 @@ def _restoring(self: Session, *, wait: bool = True) -> contextlib.AbstractContex
 
 
 def _journal_key(self: Session) -> str | None:
-    return f"restore-journal:{self.root}" if self.root is not None else None
+    return restore_journal_key(self.root) if self.root is not None else None
 
 
 def rewind(
@@ -604,7 +605,7 @@ def _resume_fork_into(self: Session, dest: Path, branch: str) -> Session | None:
     except (OSError, ValueError):
         return None
     mine = {"store": str(self.store.home), "session": self.name, "branch": branch}
-    if data != mine or self.store.meta.get_meta(f"restore-journal:{dest}") is None:
+    if data != mine or self.store.meta.get_meta(restore_journal_key(dest)) is None:
         return None
     other = type(self)(self.store, self.name, workspace=dest, branch=branch, force=True, bind=True)
     return other if other.head is not None else None

@@ -246,7 +246,8 @@ class _Exporter:
         again, so say so."""
         import warnings
 
-        from .._runs import record_applies, run_key
+        from .._runs import record_applies
+        from ..metakeys import run_key
 
         meta = self.store.meta
         for branch, head in heads.items():

@@ -20,6 +20,7 @@ from .._ids import new_id
 from .._store import Store
 from ..blobs.objects import BlobCodec
 from ..errors import ClashError, ConflictError, IntegrityError, UsageError
+from ..metakeys import import_key
 from ..model import Checkpoint, LogRef
 from ..stores.base import (
     GC_EPOCH_KEY,
@@ -246,7 +247,7 @@ def import_bundle(
     if lease is not None and lease.expires_in > 0:  # refuse before writing anything
         raise lease_held(session, lease.owner, lease.expires_in)
     if pending is not None:  # before the first write: a re-run must find the ids it reuses
-        meta.set_meta(pending.key(session), pending.to_json())
+        meta.set_meta(import_key(session), pending.to_json())
     _write_objects(store, bundle, checked, have, report, progress)
     for plan in logs:  # session=: refused in the append's own transaction if leased meanwhile
         meta.append_log(LogAppend(plan.log, plan.start, plan.rows, plan.new, session=session))
@@ -274,7 +275,7 @@ def import_bundle(
     for when, idents in sorted(by_time.items()):
         report.pruned += len(meta.mark_pruned(session, idents, when))
     if pending is not None:
-        meta.set_meta(pending.key(session), None)  # complete: the session is an ordinary one
+        meta.set_meta(import_key(session), None)  # complete: the session is an ordinary one
     return report
 
 
@@ -313,12 +314,6 @@ class _PendingImport:
     logs: dict[str, str]
     """Original log id -> log id here."""
 
-    PREFIX = "import:"
-
-    @classmethod
-    def key(cls, session: str) -> str:
-        return f"{cls.PREFIX}{session}"
-
     def to_json(self) -> str:
         return json.dumps(
             {"bundle": self.bundle, "records": self.records, "logs": self.logs},
@@ -330,7 +325,7 @@ class _PendingImport:
         cls, meta: MetadataStore, session: str, records: list[tuple[Checkpoint, RecordEntry]]
     ) -> _PendingImport | None:
         """The interrupted import into ``session`` that these records continue, if any."""
-        raw = meta.get_meta(cls.key(session))
+        raw = meta.get_meta(import_key(session))
         if raw is None:
             return None
         try:

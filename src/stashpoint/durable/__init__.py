@@ -39,7 +39,6 @@ from .engine import current_effect_key
 from .entries import fingerprint as fingerprint
 from .journal import Journal as Journal
 from .journal import common_prefix as common_prefix
-from .journal import compensation_key as compensation_key
 from .journal import end_run as end_run
 from .journal import fold_tasks as fold_tasks
 from .results import TASK_STATUSES, Decision, Effect, Pending, RunPaused, RunResult, Task

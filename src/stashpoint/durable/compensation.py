@@ -13,9 +13,10 @@ from typing import TYPE_CHECKING, Any
 import msgspec
 
 from .. import serde
+from ..metakeys import compensation_key
 from ..model import utc_now_iso
 from .entries import ErrorInfo, loose
-from .journal import compensation_key, compensation_pending
+from .journal import compensation_pending
 from .results import Effect
 
 if TYPE_CHECKING:

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from .. import serde
 from ..errors import NotFoundError, StashpointError, UsageError
+from ..metakeys import compensation_key
 from ..model import Checkpoint, utc_now_iso
 from .entries import (
     TOOL_REJECTED,
@@ -21,7 +22,7 @@ from .entries import (
     StepEntry,
     decode_rows,
 )
-from .journal import Journal, compensation_key, fold_tasks
+from .journal import Journal, fold_tasks
 from .results import DONE_TASK, Pending, Task
 
 if TYPE_CHECKING:

@@ -13,9 +13,10 @@ from typing import TYPE_CHECKING, Any, Literal
 from msgspec import UNSET
 
 from .._ids import new_id
-from .._runs import record_applies, run_key
+from .._runs import record_applies
 from ..errors import ConflictError, IntegrityError, LeaseHeld, LeaseLost, UsageError
 from ..integrity import EMPTY_CHAIN, message_chain
+from ..metakeys import compensation_key, run_key
 from ..model import LogRef, utc_now_iso
 from ..redact import Redactor
 from ..stores.base import LogAppend, LogInfo
@@ -42,11 +43,7 @@ from .results import Effect, Pending, Task
 if TYPE_CHECKING:
     from ..session import Session
 
-__all__ = ["Journal", "common_prefix", "compensation_key", "end_run", "fold_tasks"]
-
-
-def compensation_key(session: str, branch: str) -> str:
-    return f"compensate:{session}:{branch}"
+__all__ = ["Journal", "common_prefix", "end_run", "fold_tasks"]
 
 
 def compensation_pending(item: Mapping[str, Any]) -> Pending:

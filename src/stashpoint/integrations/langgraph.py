@@ -132,6 +132,7 @@ from .. import serde
 from .._store import Store
 from ..errors import IntegrityError, SerializationError, UsageError
 from ..integrity import EMPTY_CHAIN
+from ..metakeys import langgraph_pending_key
 from ..model import Checkpoint, LogRef, utc_now_iso
 from ..opening import open_store
 from ..redact import Redactor, make_redactor
@@ -1151,7 +1152,7 @@ class StashpointSaver(BaseCheckpointSaver[int]):
 
     # -- internals: pending writes -------------------------------------------------------
     def _pending_key(self, th: _Thread) -> str:
-        return f"langgraph:pending:{th.session}"
+        return langgraph_pending_key(th.session)
 
     def _writes_of(self, th: _Thread, key: _CpKey, reader: _Reader) -> dict[_WriteKey, _Write]:
         """A checkpoint's writes: those moved into later records (its children's, mostly),
