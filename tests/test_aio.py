@@ -11,6 +11,7 @@ import asyncio
 import contextvars
 import inspect
 import itertools
+import multiprocessing
 import os
 import threading
 import uuid
@@ -22,7 +23,7 @@ import pytest
 
 import stashpoint
 import stashpoint.aio
-from stashpoint.aio import AsyncSession, AsyncStore
+from stashpoint.aio import AsyncSession, AsyncStore, SerialQueue
 from stashpoint.verify import verify_store
 
 from .conftest import snapshot_tree
@@ -727,3 +728,28 @@ def test_store_wraps_a_sync_store_and_opens_sessions_without_blocking(tmp_path: 
 
 def test_file_store_through_the_async_api(tmp_path: Path) -> None:
     _shared_store_round_trip(f"file://{tmp_path / 'fs'}", tmp_path)
+
+
+def _calls_in_a_child(made_before: SerialQueue) -> None:
+    ok = False
+    try:
+        ok = asyncio.run(made_before.call(int, "2")) == 2
+        ok = ok and asyncio.run(SerialQueue().call(int, "3")) == 3
+    finally:
+        os._exit(0 if ok else 1)
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="fork is POSIX")
+def test_serial_queues_work_in_a_forked_child() -> None:
+    """The integrations' queues share one pool: a child forked after it started threads (an
+    agent worker forked from a service) gets its own, instead of waiting forever on the
+    parent's threads, which do not exist in the child."""
+    queue = SerialQueue()
+    assert asyncio.run(queue.call(int, "1")) == 1  # the shared pool has an idle thread now
+    child = multiprocessing.get_context("fork").Process(target=_calls_in_a_child, args=(queue,))
+    child.start()
+    child.join(60)
+    if child.exitcode is None:  # pragma: no cover - the failure this test is about
+        child.kill()
+        child.join()
+    assert child.exitcode == 0

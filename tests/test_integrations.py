@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import subprocess
 import sys
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -83,6 +84,22 @@ def test_agents_session_protocol_keeps_history(tmp_path: Path) -> None:
     store = stashpoint.open(tmp_path / "store")
     assert verify_store(store).ok
     store.close()
+
+
+def test_agents_calls_made_together_are_stored_in_call_order(tmp_path: Path) -> None:
+    """The async methods' store calls run one at a time in the order they were made (the
+    serial queue of stashpoint.aio), as an AsyncSession's do: items added by calls gathered
+    at once end up in that order, not in whichever order worker threads took a lock."""
+
+    async def scenario() -> None:
+        session = StashpointSession("chat", tmp_path / "store")
+        await asyncio.gather(*(session.add_items([user(str(i))]) for i in range(24)))
+        assert [item["content"] for item in await session.get_items()] == [
+            str(i) for i in range(24)
+        ]
+        session.close()
+
+    asyncio.run(scenario())
 
 
 def agent_for(workspace: Path) -> Agent[Any]:
@@ -259,6 +276,28 @@ def test_pydantic_ai_two_histories_on_one_session_build_on_each_other(
         ]
         assert prompts == ["first", "second", "third"]
     assert verify_store(store).ok
+    store.close()
+
+
+def test_pydantic_ai_run_saves_off_the_event_loop(
+    tmp_path: Path, loop: asyncio.AbstractEventLoop
+) -> None:
+    """``await history.run(...)`` does the store's blocking I/O in a worker thread: the
+    checkpoint (seen through its redactor, which runs where the checkpoint is written) is
+    not written on the thread that runs the event loop."""
+    writers: list[str] = []
+
+    def redact(value: Any) -> Any:
+        writers.append(threading.current_thread().name)
+        return value
+
+    store = stashpoint.open(tmp_path / "store")
+    history = MessageHistory("pa", store, redact=redact)
+    agent = pydantic_ai.Agent(FunctionModel(echo))
+    result = loop.run_until_complete(history.run(agent, "first"))
+    assert result.output == "1 prompts, last 'first'"
+    assert writers and threading.current_thread().name not in writers
+    assert history.load() == result.all_messages()
     store.close()
 
 

@@ -144,6 +144,8 @@ def resume_when_told(ws: Path, store: str, go: Any, out: Any) -> None:
     try:
         asyncio.run(main())
     finally:
+        out.close()
+        out.join_thread()  # os._exit skips the flush of what was put: the parent waits for it
         os._exit(0)
 
 

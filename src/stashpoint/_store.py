@@ -123,6 +123,12 @@ class Store:
     def sessions(self) -> list[str]:
         return self.meta.sessions()
 
+    def head_id(self, session: str, branch: str) -> str | None:
+        """The id of a branch's head as stored now (None: no checkpoint yet), in one read
+        that decodes nothing: a session object caches its head, and this tells a caller
+        whether another writer has moved it since."""
+        return self.meta.get_head(session, branch)
+
     def lease(
         self,
         session: str,

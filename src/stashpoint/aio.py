@@ -92,7 +92,7 @@ if TYPE_CHECKING:
     from .durable import Durable, RunResult
     from .model import Checkpoint
 
-__all__ = ["AsyncLease", "AsyncSession", "AsyncStore", "open", "open_async"]
+__all__ = ["AsyncLease", "AsyncSession", "AsyncStore", "SerialQueue", "open", "open_async"]
 
 P = ParamSpec("P")
 T = TypeVar("T")
@@ -105,16 +105,44 @@ def _closed() -> UsageError:
     return UsageError("the store is closed")
 
 
-class _SerialQueue:
-    """Runs calls one at a time, in submission order, on a shared pool's threads.
+_shared: ThreadPoolExecutor | None = None
+_shared_lock = threading.Lock()
+
+
+def _shared_pool() -> ThreadPoolExecutor:
+    """The pool of queues made without one (``ThreadPoolExecutor``'s default size), made on
+    first use and kept for the process, as asyncio's default executor is for a loop."""
+    global _shared
+    with _shared_lock:
+        if _shared is None:
+            _shared = ThreadPoolExecutor(thread_name_prefix="stashpoint-aio")
+        return _shared
+
+
+def _forget_shared_pool() -> None:
+    """In a forked child: the parent's pool has no threads here (and counts its idle ones as
+    if it had: work given to it would wait forever), so the child makes its own."""
+    global _shared, _shared_lock
+    _shared, _shared_lock = None, threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):  # POSIX
+    os.register_at_fork(after_in_child=_forget_shared_pool)
+
+
+class SerialQueue:
+    """Runs calls one at a time, in submission order, on a shared pool's threads: how
+    stashpoint's async code runs blocking calls (an :class:`AsyncSession`'s, and the
+    integrations' async methods), so calls made on one object keep their order.
 
     Loop-independent and thread-safe: a plain :class:`concurrent.futures.Future` per call,
     so cancelling one that has not started (``Future.cancel``) makes the queue skip it, and
-    one that has started cannot be cancelled at all.
+    one that has started cannot be cancelled at all. ``pool`` defaults to one pool shared by
+    every queue made without one.
     """
 
-    def __init__(self, pool: ThreadPoolExecutor) -> None:
-        self._pool = pool
+    def __init__(self, pool: ThreadPoolExecutor | None = None) -> None:
+        self._own_pool = pool
         self._lock = threading.Lock()
         self._queue: collections.deque[tuple[Callable[[], Any], Future[Any]]] = collections.deque()
         self._draining = False
@@ -127,7 +155,7 @@ class _SerialQueue:
                 return fut
             self._draining = True
         try:
-            self._pool.submit(self._drain)
+            self._pool().submit(self._drain)
         except RuntimeError:  # the pool is shut down: the store was closed
             with self._lock:
                 failed = list(self._queue)
@@ -137,6 +165,15 @@ class _SerialQueue:
                 if f.set_running_or_notify_cancel():
                     f.set_exception(_closed())
         return fut
+
+    def _pool(self) -> ThreadPoolExecutor:
+        # The shared pool looked up each time: a queue made before a fork works after it.
+        return self._own_pool if self._own_pool is not None else _shared_pool()
+
+    async def call(self, fn: Callable[P, T], /, *args: P.args, **kwargs: P.kwargs) -> T:
+        """``fn(*args, **kwargs)`` in a worker thread once every earlier call of this queue
+        has finished, in a copy of the caller's :mod:`contextvars` context."""
+        return await asyncio.wrap_future(self.submit(_bind(fn, *args, **kwargs)))
 
     def _drain(self) -> None:
         while True:
@@ -157,7 +194,7 @@ class _SerialQueue:
                     self._draining = False
                     return
             try:  # give the thread back, so that a busy session cannot starve the others
-                self._pool.submit(self._drain)
+                self._pool().submit(self._drain)
                 return
             except RuntimeError:  # closing: finish this session's queue here
                 continue
@@ -292,6 +329,7 @@ class AsyncStore:
     flush = _awaited(Store.flush)
     set_durability = _awaited(Store.set_durability)
     durability_report = _awaited(Store.durability_report)
+    head_id = _awaited(Store.head_id)
 
     @property
     def cache_dir(self) -> Path | None:
@@ -479,7 +517,7 @@ class AsyncSession(DurableDecorators):
         self.sync = session
         """The wrapped sync session (its methods block: call them with :meth:`run_sync`)."""
         self.store = store
-        self._queue = _SerialQueue(store._pool)
+        self._queue = SerialQueue(store._pool)
         # Durable async steps journal through this session's queue, off the loop, in order.
         session.durable.offload = lambda call: asyncio.wrap_future(self._queue.submit(call))
 
@@ -497,7 +535,7 @@ class AsyncSession(DurableDecorators):
     async def _call(self, fn: Callable[P, T], /, *args: P.args, **kwargs: P.kwargs) -> T:
         if self.store._closed:
             raise _closed()
-        return await asyncio.wrap_future(self._queue.submit(_bind(fn, *args, **kwargs)))
+        return await self._queue.call(fn, *args, **kwargs)
 
     async def run_sync(
         self, fn: Callable[Concatenate[Session, P], T], /, *args: P.args, **kwargs: P.kwargs

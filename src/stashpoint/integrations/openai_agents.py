@@ -50,6 +50,7 @@ except ImportError as exc:
 
 from .. import serde
 from .._store import Store
+from ..aio import SerialQueue
 from ..errors import ConflictError, LeaseHeld, LeaseLost, UsageError
 from ..integrity import EMPTY_CHAIN, message_chain
 from ..model import Checkpoint
@@ -94,7 +95,8 @@ class StashpointSession:
         session_settings: the SDK's settings (``limit`` for :meth:`get_items`).
         **options: passed to :class:`stashpoint.Session` (``config``, ``packages``, ...).
 
-    The async protocol methods run the store's blocking I/O in a worker thread. ``fork``,
+    The async protocol methods run the store's blocking I/O in a worker thread, one call at
+    a time in the order they were made (see :class:`stashpoint.aio.SerialQueue`). ``fork``,
     ``turns`` and ``close`` are synchronous: they are called between runs.
 
     Several writers on one session id (two session objects, tasks, threads or processes)
@@ -133,6 +135,7 @@ class StashpointSession:
         )
         """The stashpoint session behind it: ``history()``, ``diff()``, ``rewind()``, labels."""
         self._mutex = threading.Lock()
+        self._calls = SerialQueue()
         self._cache: tuple[str | None, dict[str, Any]] | None = None
 
     @classmethod
@@ -144,6 +147,7 @@ class StashpointSession:
         new._options = parent._options
         new.stash = stash
         new._mutex = threading.Lock()
+        new._calls = SerialQueue()
         new._cache = None
         return new
 
@@ -395,15 +399,18 @@ class StashpointSession:
 
     # -- internals -------------------------------------------------------------------------
     async def _call(self, fn: Callable[[], _T]) -> _T:
+        """``fn()`` off the loop, after the calls made before it on this session (the queue
+        keeps their order) and apart from the sync methods' (the mutex)."""
+
         def locked() -> _T:
             with self._mutex:
                 return fn()
 
-        return await asyncio.to_thread(locked)
+        return await self._calls.call(locked)
 
     def _state(self) -> dict[str, Any]:
         """The head's state, decoded once per head; re-read if another writer moved it."""
-        head_id = self.store.meta.get_head(self.stash.name, self.stash.branch)
+        head_id = self.store.head_id(self.stash.name, self.stash.branch)
         if self._cache is not None and self._cache[0] == head_id:
             return self._cache[1]
         known = self.stash.head

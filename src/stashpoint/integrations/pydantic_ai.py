@@ -39,6 +39,7 @@ except ImportError as exc:
     ) from exc
 
 from .._store import Store
+from ..aio import SerialQueue
 from ..model import Checkpoint
 from ..opening import open_store
 from ..session import Session
@@ -83,6 +84,7 @@ class MessageHistory:
         )
         """The stashpoint session behind it: ``history()``, ``diff()``, ``rewind()``, labels."""
         self._base: list[ModelMessage] | None = None  # what the caller last loaded or saved
+        self._calls = SerialQueue()  # the async methods' store calls, in order
 
     def load(self, ref: str | None = None) -> list[ModelMessage]:
         """The messages as of ``ref`` (id, label, ``HEAD~N``; default: the latest save)."""
@@ -147,8 +149,9 @@ class MessageHistory:
         self, agent: AbstractAgent[Any, Any], prompt: str | None = None, **kwargs: Any
     ) -> AgentRunResult[Any]:
         """``await agent.run`` continuing this history, then :meth:`save`."""
-        result = await agent.run(prompt, message_history=self.load(), **kwargs)
-        self.save(result.all_messages(), message=_summary(prompt))
+        history = await self._calls.call(self.load)  # the store's I/O off the event loop
+        result = await agent.run(prompt, message_history=history, **kwargs)
+        await self._calls.call(self.save, result.all_messages(), message=_summary(prompt))
         return result
 
     def fork(
@@ -174,6 +177,7 @@ class MessageHistory:
         new.store, new._owns_store, new._options = self.store, False, self._options
         new.stash = forked
         new._base = None
+        new._calls = SerialQueue()
         return new
 
     def _latest(self) -> Session:
@@ -181,7 +185,7 @@ class MessageHistory:
         this session, another process) moved the branch head: the engine caches its head, so
         a save would otherwise record a state that drops that writer's messages."""
         head = self.stash.head
-        if self.store.meta.get_head(self.stash.name, self.stash.branch) != (
+        if self.store.head_id(self.stash.name, self.stash.branch) != (
             head.id if head is not None else None
         ):
             options = {**self._options, "lease": self.stash.lease}  # the same lease, if any
