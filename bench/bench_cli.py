@@ -19,7 +19,7 @@ from typing import Any
 
 from _common import Config, cli_env, median, row, stashpoint_cmd, timed, warm_bytecode
 
-BAR_MS = 150.0
+BAR_MS = 60.0
 
 
 def _runs(cmd: list[str], n: int, env: dict[str, str]) -> list[float]:

@@ -7,7 +7,7 @@
     run.rewind(cp.id)                                # files and state; undoable
 
 Names are imported on first use (PEP 562), so ``stashpoint --help`` does not pay for the
-storage stack: the CLI must start in under 150 ms.
+storage stack: `stashpoint --help` must start in under 60 ms.
 """
 
 from __future__ import annotations

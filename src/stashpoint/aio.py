@@ -14,8 +14,9 @@ other coroutine of the process for a third of a second.
 
 **One implementation.** :class:`AsyncSession` wraps a sync :class:`~stashpoint.Session` and
 runs each blocking call in a worker thread; it has no logic of its own beyond the thread hop,
-so the sync and async faces cannot drift apart in behaviour, only in the list of names (a test
-compares the signatures).
+so the sync and async faces cannot drift apart in behaviour. Most awaited methods are made
+from the sync ones (:func:`_awaited`: name, signature, docstring), so they cannot drift in
+signature either; a test checks every sync name has its twin.
 
 **Threads: one ordered queue per session, one pool per store.** A ``Session`` keeps caches
 (its head, the conversation as last checkpointed, log tips) and is not built for concurrent
