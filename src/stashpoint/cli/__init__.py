@@ -7,7 +7,7 @@ import sys
 import click
 
 from .. import __version__
-from . import bundles, commands, copying, durable, hooks, maintenance, operator, ui_cmd
+from . import bundles, commands, copying, durable, hooks, maintenance, operator, ui_cmd, watch_cmd
 from ._app import EXIT_USER, Ctx
 
 __all__ = ["cli", "main"]
@@ -102,6 +102,7 @@ COMMANDS: tuple[click.Command, ...] = (
     operator.chaos,
     hooks.hooks,
     ui_cmd.ui,
+    watch_cmd.watch,
 )
 for _command in COMMANDS:
     cli.add_command(_command)
