@@ -39,6 +39,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
+from .cli._app import Ctx
+from .watchd.client import served
 from .watchd.protocol import (
     PASS_ENV,
     ProtocolError,
@@ -48,7 +50,6 @@ from .watchd.protocol import (
     socket_path,
     store_key,
 )
-from .cli._app import Ctx
 
 if TYPE_CHECKING:
     from ._store import Store
@@ -199,6 +200,7 @@ class Daemon:
 
     def serve(self) -> None:
         assert self._listener is not None
+        self.last = time.monotonic()  # idle from now: not while the first scan ran
         while not self._stopping:
             left = self.idle - (time.monotonic() - self.last)
             if left <= 0 or not self._still_ours():
@@ -234,6 +236,10 @@ class Daemon:
             send_message(conn, answer)
         except OSError:
             pass  # the client went away; the next one is served
+        except Exception as exc:  # a bug must cost one request, never the daemon
+            self.drop()
+            with contextlib.suppress(Exception):
+                send_message(conn, {"error": f"internal error: {exc!r}"})
 
     # -- requests ----------------------------------------------------------------------------
     def answer(self, message: dict[str, object]) -> dict[str, object]:
@@ -253,6 +259,8 @@ class Daemon:
             request = _Request.parse(message)
         except ValueError as exc:
             return {"error": f"bad request: {exc}"}
+        if served(request.argv) is None:
+            return {"error": "not a command the watch daemon runs"}
         self.last = time.monotonic()
         self.requests += 1
         started = time.perf_counter()
@@ -479,7 +487,9 @@ def main(argv: list[str] | None = None) -> None:
     import signal
 
     from . import cli
+    from .cli import watch_cmd
 
+    watch_cmd.IN_DAEMON = True
     cli.Ctx = _WarmCtx  # type: ignore[attr-defined]  # the group makes each command's Ctx
     daemon = Daemon(args.store, Path(args.root).resolve(), idle=args.idle)
     signal.signal(signal.SIGTERM, _terminate)

@@ -41,6 +41,36 @@ def ping(path: str) -> dict[str, Any] | None:
     return answer if answer.get("ok") else None
 
 
+IN_DAEMON = False
+"""Set by the daemon: a command it runs must not start (or wait for) a daemon."""
+
+
+def wanted() -> bool:
+    """``$STASHPOINT_WATCH`` asks for a daemon wherever hooks run (see ``hooks install``)."""
+    flag = os.environ.get("STASHPOINT_WATCH", "").lower() in ("1", "true", "yes", "on")
+    return flag and not IN_DAEMON
+
+
+def spawn(url: str, root: str, path: str, idle: float = DEFAULT_IDLE_S) -> subprocess.Popen[bytes]:
+    """Start a daemon process for ``root`` over ``url`` (it exits at once if one runs)."""
+    log = path + ".log"
+    env = {k: v for k, v in os.environ.items() if k != "STASHPOINT_NO_DAEMON"}
+    argv = ["--store", url, "--root", root, "--idle", repr(idle)]
+    fd = os.open(log, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    try:
+        return subprocess.Popen(
+            [sys.executable, "-m", "stashpoint.watch_daemon", *argv],
+            cwd=root,
+            stdin=subprocess.DEVNULL,
+            stdout=fd,
+            stderr=fd,
+            start_new_session=True,  # outlives this command and the terminal's signals
+            env=env,
+        )
+    finally:
+        os.close(fd)
+
+
 def start_daemon(ctx: Ctx, idle: float = DEFAULT_IDLE_S) -> tuple[dict[str, Any], bool]:
     """Start the daemon of this workspace unless it runs; (its status, whether started)."""
     from ..workspace import check_root
@@ -50,26 +80,15 @@ def start_daemon(ctx: Ctx, idle: float = DEFAULT_IDLE_S) -> tuple[dict[str, Any]
         raise click.ClickException("the watch daemon does not serve a store with a mirror")
     if not watch_supported():
         raise click.ClickException("the watch daemon needs inotify (Linux)")
-    url, root, path = _where(ctx, create=True)
     check_root(ctx.locate(create=True)[1], force=ctx.force)
-    ctx.store(create=True)  # create it now: the daemon opens an existing store
+    # Create it first: the daemon opens an existing store, and the socket goes in its directory.
+    ctx.store(create=True)
+    url, root, path = _where(ctx, create=True)
     running = ping(path)
     if running is not None:
         return running, False
     log = path + ".log"
-    env = {k: v for k, v in os.environ.items() if k != "STASHPOINT_NO_DAEMON"}
-    argv = ["--store", url, "--root", root, "--idle", repr(idle)]
-    with open(log, "ab") as out:
-        os.chmod(log, 0o600)
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "stashpoint.watch_daemon", *argv],
-            cwd=root,
-            stdin=subprocess.DEVNULL,
-            stdout=out,
-            stderr=out,
-            start_new_session=True,  # outlives this command and the terminal's signals
-            env=env,
-        )
+    proc = spawn(url, root, path, idle)
     deadline = time.monotonic() + START_WAIT_S
     while time.monotonic() < deadline:
         status = ping(path)

@@ -22,7 +22,7 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any
 
-__all__ = ["Unanswered", "find_store", "request", "run_if_served"]
+__all__ = ["Unanswered", "find_store", "request", "run_if_served", "served"]
 
 _GLOBAL_VALUE = ("--store", "--session", "-C", "--workspace")
 _GLOBAL_FLAG = ("--json", "--force")
@@ -198,11 +198,10 @@ class Unanswered(Exception):
     """The daemon took the request and stopped before answering it."""
 
 
-def run_if_served(argv: list[str]) -> int | None:
-    """Run ``stashpoint ARGV`` through the workspace's daemon and return its exit code; None
-    when it must run in this process instead (then nothing was printed)."""
-    if os.environ.get("STASHPOINT_NO_DAEMON") or os.environ.get("STASHPOINT_MIRROR"):
-        return None
+def served(argv: list[str]) -> tuple[dict[str, str | bool], list[str], bool] | None:
+    """(global options, command and arguments, whether it is ``hooks run``) when a daemon
+    runs ``stashpoint ARGV``; None for every other command line. The daemon checks requests
+    with this too: it runs these commands and nothing else."""
     parsed = _globals(argv)
     if parsed is None:
         return None
@@ -213,6 +212,18 @@ def run_if_served(argv: list[str]) -> int | None:
         return None
     if any(a in _REFUSED or a.startswith(_REFUSED_PREFIX) for a in rest[1:]):
         return None
+    return opts, rest, hook
+
+
+def run_if_served(argv: list[str]) -> int | None:
+    """Run ``stashpoint ARGV`` through the workspace's daemon and return its exit code; None
+    when it must run in this process instead (then nothing was printed)."""
+    if os.environ.get("STASHPOINT_NO_DAEMON") or os.environ.get("STASHPOINT_MIRROR"):
+        return None
+    parsed = served(argv)
+    if parsed is None:
+        return None
+    opts, rest, hook = parsed
     stdin: str | None = None
     start = str(opts.get("-C") or ".")
     if hook:

@@ -61,11 +61,16 @@ class ProtocolError(ValueError):
     """A message that is not one: a bad length, not JSON, not an object."""
 
 
+IGNORED_ENV = ("STASHPOINT_NO_DAEMON", "STASHPOINT_WATCH")
+"""Variables about the daemon itself: they do not change what a command does."""
+
+
 def env_to_match(env: dict[str, str] | os._Environ[str]) -> dict[str, str]:
     return {
         k: v
         for k, v in env.items()
-        if (k.startswith("STASHPOINT_") and k not in PASS_ENV) or k == MATCH_ENV
+        if (k.startswith("STASHPOINT_") and k not in PASS_ENV and k not in IGNORED_ENV)
+        or k == MATCH_ENV
     }
 
 
@@ -240,8 +245,8 @@ def recv_message(sock: socket.socket) -> dict[str, object]:
 
     try:
         data = json.loads(recv_body(sock).decode("utf-8", "surrogatepass"))
-    except ValueError as exc:  # UnicodeDecodeError is one
-        raise ProtocolError(f"not JSON: {exc}") from None
+    except (ValueError, RecursionError) as exc:  # UnicodeDecodeError is a ValueError
+        raise ProtocolError(f"not JSON: {type(exc).__name__}: {exc}") from None
     if not isinstance(data, dict):
         raise ProtocolError("not a JSON object")
     return data
