@@ -211,17 +211,17 @@ def test_two_workspaces_have_a_daemon_each(sp: Sp, tmp_path: Path) -> None:
     assert status(sp, a)["requests"] == 1 and status(sp, b)["requests"] == 1
     # one store, a second workspace (--store, -C): its own daemon, its own socket
     c = project(tmp_path / "c", 3)
-    store = ["--store", str(a / ".stashpoint"), "-C", str(c)]
-    dc = json.loads(sp(*store, "watch", "start", "--json", cwd=c).out)
+    store = ["--store", "a/.stashpoint", "-C", "c"]  # relative to where the command runs
+    dc = json.loads(sp(*store, "watch", "start", "--json", cwd=tmp_path).out)
     assert dc["pid"] not in (da["pid"], db["pid"]) and dc["root"] == str(c)
     assert dc["socket"] != da["socket"]
     # beside the store, or (a path too long for a socket address) in a private directory
     private = Path(f"/tmp/stashpoint-{os.getuid()}")
     assert Path(dc["socket"]).parent in (a / ".stashpoint", private)
-    sc = json.loads(sp(*store, "--session", "c", "snap", "--json", cwd=c).out)
+    sc = json.loads(sp(*store, "--session", "c", "snap", "--json", cwd=tmp_path).out)
     assert sc["workspace"]["files"] == 5
-    assert json.loads(sp(*store, "watch", "status", "--json", cwd=c).out)["requests"] == 1
-    sp(*store, "watch", "stop", cwd=c)
+    assert json.loads(sp(*store, "watch", "status", "--json", cwd=tmp_path).out)["requests"] == 1
+    sp(*store, "watch", "stop", cwd=tmp_path)
 
 
 def test_another_environment_is_not_served(sp: Sp, tmp_path: Path) -> None:
@@ -489,3 +489,24 @@ def test_randomized_daemon_snapshots_equal_a_full_scan(
     assert restarts >= 1
     info = status(sp, ws)
     assert info["running"] and info["requests"] >= 1
+
+
+def test_hooks_install_watch_and_stashpoint_watch_start_the_daemon(
+    sp: Sp, tmp_path: Path, daemons: list[int]
+) -> None:
+    ws = project(tmp_path / "proj")
+    out = json.loads(sp("hooks", "install", "claude-code", "--watch", "--json", cwd=ws).out)
+    daemons.append(out["watch_daemon"])
+    assert status(sp, ws)["pid"] == out["watch_daemon"]
+    sp("watch", "stop", cwd=ws)
+    # $STASHPOINT_WATCH=1: a hook that ran without a daemon starts one for the next calls
+    payload = json.dumps({"session_id": "s", "hook_event_name": "Stop"})
+    on = {"STASHPOINT_WATCH": "1"}
+    assert sp("hooks", "run", "claude-code", cwd=ws, input=payload, extra=on).out == ""
+    wait_for(lambda: status(sp, ws)["running"], "a hook starts the daemon")
+    daemons.append(status(sp, ws)["pid"])
+    (ws / "x.txt").write_text("x")
+    sp("hooks", "run", "claude-code", cwd=ws, input=payload, extra=on)
+    assert status(sp, ws)["requests"] == 1
+    log = (ws / ".stashpoint" / "hooks.log").read_text()
+    assert "started the watch daemon" in log and "FAILED" not in log

@@ -82,10 +82,12 @@ class NotServed(BaseException):
 class Daemon:
     """The daemon of one workspace ``root`` over the store ``url``."""
 
-    def __init__(self, url: str, root: Path, *, idle: float = IDLE_S) -> None:
+    def __init__(
+        self, url: str, root: Path, *, idle: float = IDLE_S, path: str | None = None
+    ) -> None:
         self.url, self.root, self.idle = url, root, idle
         self.key = store_key(url)
-        path = socket_path(url, str(root), create=True)
+        path = path or socket_path(url, str(root), create=True)
         if path is None:
             raise OSError(f"no private directory for the socket of {root}")
         self.path = path
@@ -291,7 +293,6 @@ class Daemon:
         out, err = _Capture(request.tty), _Capture(False)
         code = 0
         _WarmCtx.daemon = self
-        _WarmCtx.used = False
         if self.watcher is not None:
             self.watcher.drain()
             if self.watcher.everything:
@@ -311,8 +312,6 @@ class Daemon:
             return {"code": 1, "out": out.text(), "err": err.text() + f"error: {exc!r}\n"}
         finally:
             _WarmCtx.daemon = None
-        if not _WarmCtx.used:  # the CLI no longer builds its Ctx where we replace it
-            self.drop()
         self._after_request()
         return {"code": code, "out": out.text(), "err": err.text()}
 
@@ -455,7 +454,6 @@ class _WarmCtx(Ctx):
     """The CLI's context, handing out the daemon's open store and watched workspace."""
 
     daemon: ClassVar[Daemon | None] = None
-    used: ClassVar[bool] = False
 
     def store(self, *, create: bool = False) -> Store:
         daemon = _WarmCtx.daemon
@@ -465,7 +463,6 @@ class _WarmCtx(Ctx):
             raise NotServed(f"another store ({url})")
         if self.mirror_url:
             raise NotServed("a mirror")
-        _WarmCtx.used = True
         self._store = daemon.open_store()
         return self._store  # type: ignore[no-any-return]
 
@@ -483,6 +480,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--store", required=True)
     parser.add_argument("--root", required=True)
     parser.add_argument("--idle", type=float, default=IDLE_S)
+    parser.add_argument("--socket", help="where to listen (default: socket_path())")
     args = parser.parse_args(argv)
     import signal
 
@@ -491,7 +489,7 @@ def main(argv: list[str] | None = None) -> None:
 
     watch_cmd.IN_DAEMON = True
     cli.Ctx = _WarmCtx  # type: ignore[attr-defined]  # the group makes each command's Ctx
-    daemon = Daemon(args.store, Path(args.root).resolve(), idle=args.idle)
+    daemon = Daemon(args.store, Path(args.root).resolve(), idle=args.idle, path=args.socket)
     signal.signal(signal.SIGTERM, _terminate)
     if not daemon.listen():
         print(f"a watch daemon already serves {daemon.root}", file=sys.stderr)

@@ -13,7 +13,7 @@ from typing import Any
 import click
 
 from ..watchd.client import Unanswered, request
-from ..watchd.protocol import socket_path
+from ..watchd.protocol import socket_path, store_key
 from ._app import Ctx, emit, json_option, pass_ctx
 
 START_WAIT_S = 120.0
@@ -55,7 +55,7 @@ def spawn(url: str, root: str, path: str, idle: float = DEFAULT_IDLE_S) -> subpr
     """Start a daemon process for ``root`` over ``url`` (it exits at once if one runs)."""
     log = path + ".log"
     env = {k: v for k, v in os.environ.items() if k != "STASHPOINT_NO_DAEMON"}
-    argv = ["--store", url, "--root", root, "--idle", repr(idle)]
+    argv = ["--store", store_key(url), "--root", root, "--idle", repr(idle), "--socket", path]
     fd = os.open(log, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
     try:
         return subprocess.Popen(
