@@ -195,3 +195,31 @@ def test_a_hard_link_made_in_another_directory_then_written_through(tmp_path: Pa
     store.close()
     assert cp.workspace is not None
     assert cp.workspace.tree == _reference_tree(tmp_path, ws, 0)
+
+
+def test_a_queue_overflow_makes_the_next_snapshot_a_full_scan(tmp_path: Path) -> None:
+    """Events the kernel dropped (its queue overflowed) are gone: the overflow event itself
+    must make the next snapshot scan everything, which sees the change no event reported."""
+    import struct
+
+    ws = tmp_path / "ws"
+    (ws / "a").mkdir(parents=True)
+    (ws / "a" / "f.txt").write_text("one\n")
+    store = stashpoint.open(tmp_path / "store")
+    session = store.session("s", workspace=ws, watch=True)
+    first = session.checkpoint()
+    watcher = session.workspace.watcher if session.workspace is not None else None
+    assert watcher is not None
+    (ws / "a" / "f.txt").write_text("two, longer\n")
+    while True:  # the kernel "loses" the events: read and thrown away
+        try:
+            os.read(watcher.fd, 65536)
+        except BlockingIOError:
+            break
+    unseen = session.checkpoint(skip_unchanged=True)
+    assert unseen.id == first.id  # without an overflow event nothing says it changed
+    watcher._parse(struct.pack("iIII", -1, 0x4000, 0, 0))  # IN_Q_OVERFLOW
+    cp = session.checkpoint()
+    store.close()
+    assert cp.workspace is not None
+    assert cp.workspace.tree == _reference_tree(tmp_path, ws, 0)

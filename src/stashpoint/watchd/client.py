@@ -167,7 +167,10 @@ def _connect(path: str) -> Any:
     try:
         sock.settimeout(CONNECT_TIMEOUT_S)
         sock.connect(path)
-        cred = sock.getsockopt(socket_mod.SOL_SOCKET, socket_mod.SO_PEERCRED, 12)
+        peercred = getattr(socket_mod, "SO_PEERCRED", None)
+        if peercred is None:  # not Linux: no way to tell who listens
+            raise OSError("no peer credentials on this platform")
+        cred = sock.getsockopt(socket_mod.SOL_SOCKET, peercred, 12)
         if int.from_bytes(cred[4:8], sys.byteorder) != os.getuid():
             raise OSError(f"{path} is served by another user's process")
     except BaseException:
@@ -233,27 +236,23 @@ def run_if_served(argv: list[str]) -> int | None:
             stdin = _read_stdin()
         if "-C" not in opts:
             start = _hook_start(agent, words, stdin)
-    store = opts.get("--store") or os.environ.get("STASHPOINT_STORE")
-    found = find_store(start, str(store) if store else None)
-    path = socket_path(*found) if found is not None else None
-    if path is None or not os.path.exists(path):
-        if stdin is not None:
-            _put_back_stdin(stdin)
-        return None
-    message: dict[str, object] = {
-        "v": 1,
-        "op": "run",
-        "argv": argv,
-        "cwd": os.getcwd(),
-        "env": {k: os.environ[k] for k in PASS_ENV if k in os.environ},
-        "match": env_to_match(os.environ),
-        "stdin": stdin,
-        "tty": sys.stdout.isatty(),
-    }
     try:
+        store = opts.get("--store") or os.environ.get("STASHPOINT_STORE")
+        found = find_store(start, str(store) if store else None)
+        path = socket_path(*found) if found is not None else None
+        if path is None or not os.path.exists(path):
+            raise FileNotFoundError(path)
+        message: dict[str, object] = {
+            "v": 1,
+            "op": "run",
+            "argv": argv,
+            "cwd": os.getcwd(),
+            "env": {k: os.environ[k] for k in PASS_ENV if k in os.environ},
+            "match": env_to_match(os.environ),
+            "stdin": stdin,
+            "tty": sys.stdout.isatty(),
+        }
         answer = request(path, message, None)
-    except OSError:  # no daemon there (a stale socket): nothing ran
-        answer = {}
     except Unanswered as exc:
         if hook:  # a hook never fails the agent; at worst it records the snapshot twice
             answer = {}
@@ -263,6 +262,8 @@ def run_if_served(argv: list[str]) -> int | None:
                 "`stashpoint log` for what it did, and `stashpoint watch status`\n"
             )
             return 1
+    except Exception:  # no daemon there (a stale socket), or anything odd: nothing was sent
+        answer = {}
     code = answer.get("code")
     if not isinstance(code, int) or "fallback" in answer:
         if stdin is not None:
