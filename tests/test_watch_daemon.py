@@ -510,3 +510,16 @@ def test_hooks_install_watch_and_stashpoint_watch_start_the_daemon(
     assert status(sp, ws)["requests"] == 1
     log = (ws / ".stashpoint" / "hooks.log").read_text()
     assert "started the watch daemon" in log and "FAILED" not in log
+
+
+def test_an_edited_ignore_file_makes_the_daemon_scan_everything(sp: Sp, tmp_path: Path) -> None:
+    ws = project(tmp_path / "proj")
+    assert start(sp, ws)["full_scans"] == 1  # its first scan
+    (ws / "d1" / "f1.txt").write_text("changed\n")
+    sp("snap", cwd=ws)
+    assert status(sp, ws)["full_scans"] == 1  # incremental
+    (ws / "d2" / ".gitignore").write_text("f2.txt\n")  # a rule deep down: everything again
+    files = json.loads(sp("snap", "--json", cwd=ws).out)["workspace"]["files"]
+    assert files == 22  # f2.txt left out, the new .gitignore in
+    info = status(sp, ws)
+    assert info["full_scans"] == 2 and info["requests"] == 2

@@ -112,7 +112,7 @@ class Daemon:
             from .opening import open_store
 
             self.store = open_store(self.url)
-            self.store.upkeep_on_close = False  # handed to a background process: _upkeep
+            self.store.upkeep_on_close = False  # handed to a background process: see run()
         return self.store
 
     def workspace(self, store: Store) -> Workspace:
@@ -122,7 +122,10 @@ class Daemon:
         if ws is None or ws.blobs is not store.blobs:
             from .binding import open_workspace
 
-            _root, new = open_workspace(store, self.root, force=True, watch=ws is None)
+            try:
+                _root, new = open_workspace(store, self.root, force=True, watch=ws is None)
+            except OSError:  # no inotify instance left (a per-user limit): scan, unwatched
+                _root, new = open_workspace(store, self.root, force=True, watch=False)
             if ws is not None:
                 new.take_over(ws)
             self._ws = ws = new
@@ -293,10 +296,10 @@ class Daemon:
         out, err = _Capture(request.tty), _Capture(False)
         code = 0
         _WarmCtx.daemon = self
-        if self.watcher is not None:
-            self.watcher.drain()
-            if self.watcher.everything:
-                self.full_scans += 1
+        watcher = self.watcher
+        if watcher is not None:
+            watcher.drain()
+        was_everything = watcher is not None and watcher.everything
         try:
             with _applied(request), _streams(request.stdin, out, err):
                 try:
@@ -312,6 +315,13 @@ class Daemon:
             return {"code": 1, "out": out.text(), "err": err.text() + f"error: {exc!r}\n"}
         finally:
             _WarmCtx.daemon = None
+        if (
+            was_everything
+            and watcher is not None
+            and watcher is self.watcher
+            and not watcher.everything
+        ):
+            self.full_scans += 1  # this request's snapshot scanned everything
         self._after_request()
         return {"code": code, "out": out.text(), "err": err.text()}
 
