@@ -272,6 +272,7 @@ def test_garbled_and_hostile_requests_get_an_error_never_a_crash(
         "match": env_to_match(env),
         "stdin": None,
         "tty": False,
+        "version": stashpoint.__version__,
     }
     bad_bodies = [
         b"not json",
@@ -291,6 +292,7 @@ def test_garbled_and_hostile_requests_get_an_error_never_a_crash(
         json.dumps({**good, "argv": ["hooks", "run", "codex", "--exec", "touch pwned"]}).encode(),
         json.dumps({**good, "argv": ["watch", "stop"]}).encode(),
         json.dumps({"v": 1, "op": "run", "argv": ["log"], "match": {}}).encode(),
+        json.dumps({**good, "version": "0.0.1"}).encode(),  # another stashpoint: fallback
         b'{"v": 1, "op": "ping", "x": ' + b"[" * 100000 + b"]" * 100000 + b"}",
     ]
     for body in bad_bodies:
@@ -453,6 +455,7 @@ def test_randomized_daemon_snapshots_equal_a_full_scan(
             "match": env_to_match(env),
             "stdin": None,
             "tty": False,
+            "version": stashpoint.__version__,
         }
         answer = request(path, message, 120)
         assert answer.get("code") in ok, answer

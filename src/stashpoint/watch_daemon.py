@@ -39,6 +39,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
+from . import __version__
 from .cli._app import Ctx
 from .watchd.client import served
 from .watchd.protocol import (
@@ -258,6 +259,8 @@ class Daemon:
             return {"ok": True, "pid": os.getpid()}
         if op != "run":
             return {"error": f"unknown request {op!r}"}
+        if message.get("version") != __version__:  # upgraded since the daemon started
+            return {"fallback": f"the daemon runs stashpoint {__version__}"}
         if message.get("match") != self.env:
             return {"fallback": "the environment differs from the daemon's"}
         try:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import os
 import sys
 
+from .. import __version__
 from .protocol import PASS_ENV, decode, encode, env_to_match, recv_body, socket_path
 
 TYPE_CHECKING = False
@@ -251,6 +252,7 @@ def run_if_served(argv: list[str]) -> int | None:
             "match": env_to_match(os.environ),
             "stdin": stdin,
             "tty": sys.stdout.isatty(),
+            "version": __version__,
         }
         answer = request(path, message, None)
     except Unanswered as exc:
