@@ -9,11 +9,9 @@ come back too.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import shlex
-import signal
 import subprocess
 import sys
 from collections.abc import Callable, Iterator
@@ -24,7 +22,7 @@ import pytest
 
 import stashpoint
 
-from .conftest import STASHPOINT, Result, snapshot_tree
+from .conftest import STASHPOINT, Result, snapshot_tree, stop_watch_daemon
 
 Sp = Callable[..., Result]
 
@@ -49,7 +47,7 @@ class _WithDaemon:
 
 
 @pytest.fixture(params=["no daemon", "daemon"])
-def sp(request: pytest.FixtureRequest, sp: Sp) -> Iterator[Any]:
+def sp(request: pytest.FixtureRequest, sp: Sp, tmp_path: Path) -> Iterator[Any]:
     """Every test runs as it is, then with the project's watch daemon running."""
     if request.param == "no daemon":
         yield sp
@@ -57,8 +55,7 @@ def sp(request: pytest.FixtureRequest, sp: Sp) -> Iterator[Any]:
     wrapped = _WithDaemon(sp)
     yield wrapped
     for pid in wrapped.pids:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGTERM)
+        stop_watch_daemon(pid, tmp_path)
 
 
 def write(path: Path, text: str, mode: int | None = None) -> None:

@@ -25,7 +25,7 @@ from stashpoint.watchd.client import request
 from stashpoint.watchd.protocol import PASS_ENV, env_to_match, socket_path
 from stashpoint.workspace.watch import watch_supported
 
-from .conftest import STASHPOINT, Result, snapshot_tree
+from .conftest import STASHPOINT, Result, snapshot_tree, stop_watch_daemon
 
 pytestmark = pytest.mark.skipif(not watch_supported(), reason="the daemon needs inotify")
 
@@ -40,15 +40,12 @@ def env(tmp_path: Path) -> dict[str, str]:
 
 
 @pytest.fixture
-def daemons() -> Iterator[list[int]]:
+def daemons(tmp_path: Path) -> Iterator[list[int]]:
     """Pids of the daemons a test started: stopped at its end whatever happened."""
     pids: list[int] = []
     yield pids
     for pid in pids:
-        try:
-            os.kill(pid, signal.SIGTERM)
-        except ProcessLookupError:
-            pass
+        stop_watch_daemon(pid, tmp_path)
 
 
 @pytest.fixture
