@@ -136,6 +136,21 @@ def stashpoint_cmd() -> list[str]:
     return [found] if found else [sys.executable, "-m", "stashpoint"]
 
 
+def served_cmd(tmp: Path) -> list[str]:
+    """A ``stashpoint`` command as the console script of this tree's ``pyproject.toml``
+    (``stashpoint.__main__:main``, which hands a command to a running watch daemon before
+    importing the CLI): the same wrapper pip writes, so the rows hold what users pay even
+    where the installed script predates the entry point."""
+    script = tmp / "stashpoint-served"
+    script.write_text(
+        "import re\nimport sys\nfrom stashpoint.__main__ import main\n"
+        "if __name__ == '__main__':\n"
+        "    sys.argv[0] = re.sub(r'(-script\\.pyw|\\.exe)?$', '', sys.argv[0])\n"
+        "    sys.exit(main())\n"
+    )
+    return [sys.executable, str(script)]
+
+
 PYCACHE = Path(tempfile.gettempdir()) / "stashpoint-bench-pycache"
 
 

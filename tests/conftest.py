@@ -65,3 +65,21 @@ def store(tmp_path: Path) -> Iterator[stashpoint.Store]:
 
 snapshot_tree = tree_of
 """Everything under a workspace but the store: path -> (type, mode, content or link target)."""
+
+
+def stop_watch_daemon(pid: int, marker: Path) -> None:
+    """SIGTERM the watch daemon ``pid`` a test started, if it still runs: only when that pid
+    is still a watch daemon whose command line names ``marker`` (the test's directory), never
+    a process that got the number after the daemon exited."""
+    import signal
+
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            cmdline = f.read()
+    except OSError:
+        return
+    if b"stashpoint.watch_daemon" in cmdline and os.fsencode(marker) in cmdline:
+        try:
+            os.kill(pid, signal.SIGTERM)
+        except ProcessLookupError:
+            pass

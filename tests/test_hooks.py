@@ -14,7 +14,7 @@ import os
 import shlex
 import subprocess
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -22,9 +22,40 @@ import pytest
 
 import stashpoint
 
-from .conftest import STASHPOINT, Result, snapshot_tree
+from .conftest import STASHPOINT, Result, snapshot_tree, stop_watch_daemon
 
 Sp = Callable[..., Result]
+
+
+class _WithDaemon:
+    """``sp`` that also starts the project's watch daemon after each ``hooks install`` that
+    left a store in the project: every hook call after it is served by the daemon."""
+
+    def __init__(self, sp: Sp) -> None:
+        self.sp, self.pids = sp, []
+
+    def __call__(self, *args: str, cwd: Path | None = None, **kw: Any) -> Result:
+        res = self.sp(*args, cwd=cwd, **kw)
+        installed = args[:2] == ("hooks", "install") and res.code == 0
+        if installed and cwd is not None and (Path(cwd) / ".stashpoint").is_dir():
+            started = json.loads(self.sp("watch", "start", "--json", cwd=cwd).out)
+            self.pids.append(int(started["pid"]))
+        return res
+
+    def served(self, cwd: Path) -> int:
+        return int(json.loads(self.sp("watch", "status", "--json", cwd=cwd).out)["requests"])
+
+
+@pytest.fixture(params=["no daemon", "daemon"])
+def sp(request: pytest.FixtureRequest, sp: Sp, tmp_path: Path) -> Iterator[Any]:
+    """Every test runs as it is, then with the project's watch daemon running."""
+    if request.param == "no daemon":
+        yield sp
+        return
+    wrapped = _WithDaemon(sp)
+    yield wrapped
+    for pid in wrapped.pids:
+        stop_watch_daemon(pid, tmp_path)
 
 
 def write(path: Path, text: str, mode: int | None = None) -> None:
@@ -166,6 +197,8 @@ def test_claude_code_rewind_restores_what_shell_commands_changed(sp: Sp, tmp_pat
     log = (ws / ".stashpoint" / "hooks.log").read_text()
     assert log.count("claude-code PostToolUse session=claude-5f0c-e2e created") == 3
     assert "FAILED" not in log
+    if isinstance(sp, _WithDaemon):
+        assert sp.served(ws) >= 6  # the hook calls went through the daemon
 
 
 def test_claude_code_failed_tool_calls_and_session_end_are_snapshotted(
@@ -284,6 +317,8 @@ def test_codex_hooks_and_notify(sp: Sp, tmp_path: Path) -> None:
     sp("--session", "codex-th-1", "rewind", "HEAD~1", cwd=ws)
     assert snapshot_tree(ws) == before_mv
     assert not (ws / "todo.txt").exists()
+    if isinstance(sp, _WithDaemon):
+        assert sp.served(ws) >= 5  # hooks, notify (JSON argument, stdin left open), rewind
 
 
 def test_install_merges_idempotently_and_uninstall_removes_only_ours(

@@ -155,3 +155,71 @@ def test_watch_mode_sees_writes_through_a_hard_link_outside_the_workspace(
     last = run.checkpoint()
     assert last.workspace is not None and last.workspace.tree == _reference_tree(tmp_path, ws, 1)
     store.close()
+
+
+@pytest.mark.parametrize("watch", [False, True])
+def test_a_chmod_of_a_subdirectory_alone_is_seen(tmp_path: Path, watch: bool) -> None:
+    """A chmod changes a directory's ctime and mode, not its listing or its parent's: the
+    parent's tree (which records the mode) must still be encoded again."""
+    ws = tmp_path / "ws"
+    (ws / "d" / "sub").mkdir(parents=True)
+    (ws / "d" / "sub" / "f.txt").write_text("x")
+    (ws / "d" / "g.txt").write_text("y")
+    store = stashpoint.open(tmp_path / "store")
+    session = store.session("s", workspace=ws, watch=watch)
+    session.checkpoint()
+    sub = ws / "d" / "sub"
+    sub.chmod(sub.stat().st_mode ^ 0o020)
+    cp = session.checkpoint()
+    store.close()
+    assert cp.workspace is not None
+    assert cp.workspace.tree == _reference_tree(tmp_path, ws, 0)
+
+
+def test_a_hard_link_made_in_another_directory_then_written_through(tmp_path: Path) -> None:
+    """Linking ``b/h`` to ``a/f`` changes ``a/f``'s link count, which ``a``'s watch does not
+    hear of; a write through ``b/h`` then names only ``b``. Watch mode must still see that
+    ``a/f`` changed."""
+    ws = tmp_path / "ws"
+    (ws / "a").mkdir(parents=True)
+    (ws / "b").mkdir()
+    (ws / "a" / "f.txt").write_text("one\n")
+    (ws / "b" / "other.txt").write_text("x\n")
+    store = stashpoint.open(tmp_path / "store")
+    session = store.session("s", workspace=ws, watch=True)
+    session.checkpoint()
+    os.link(ws / "a" / "f.txt", ws / "b" / "h.txt")
+    session.checkpoint()
+    (ws / "b" / "h.txt").write_text("two\n")  # same size, through the other name
+    cp = session.checkpoint()
+    store.close()
+    assert cp.workspace is not None
+    assert cp.workspace.tree == _reference_tree(tmp_path, ws, 0)
+
+
+def test_a_queue_overflow_makes_the_next_snapshot_a_full_scan(tmp_path: Path) -> None:
+    """Events the kernel dropped (its queue overflowed) are gone: the overflow event itself
+    must make the next snapshot scan everything, which sees the change no event reported."""
+    import struct
+
+    ws = tmp_path / "ws"
+    (ws / "a").mkdir(parents=True)
+    (ws / "a" / "f.txt").write_text("one\n")
+    store = stashpoint.open(tmp_path / "store")
+    session = store.session("s", workspace=ws, watch=True)
+    first = session.checkpoint()
+    watcher = session.workspace.watcher if session.workspace is not None else None
+    assert watcher is not None
+    (ws / "a" / "f.txt").write_text("two, longer\n")
+    while True:  # the kernel "loses" the events: read and thrown away
+        try:
+            os.read(watcher.fd, 65536)
+        except BlockingIOError:
+            break
+    unseen = session.checkpoint(skip_unchanged=True)
+    assert unseen.id == first.id  # without an overflow event nothing says it changed
+    watcher._parse(struct.pack("iIII", -1, 0x4000, 0, 0))  # IN_Q_OVERFLOW
+    cp = session.checkpoint()
+    store.close()
+    assert cp.workspace is not None
+    assert cp.workspace.tree == _reference_tree(tmp_path, ws, 0)

@@ -20,9 +20,10 @@ PACKAGE = ROOT / "src" / "stashpoint"
 OUT = ROOT / "docs" / "architecture.md"
 
 NAMES = [
-    "entry point",
+    "entry points: the command line's, the watch daemon's",
     "command line",
-    "faces: the web UI, framework integrations, the async API, test helpers",
+    "faces: the web UI, framework integrations, the async API, test helpers, the watch "
+    "daemon's client",
     "opening a store",
     "operations on whole stores",
     "the engine: sessions, durable runs, diffs, the store facade",

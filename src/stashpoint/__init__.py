@@ -12,8 +12,9 @@ storage stack: `stashpoint --help` must start in under 60 ms.
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+TYPE_CHECKING = False  # not typing's: importing typing costs every command ~5 ms
+if TYPE_CHECKING:
+    from typing import Any
 
 __version__ = "0.1.0"
 
@@ -165,6 +166,8 @@ def __getattr__(name: str) -> Any:
     module = _EXPORTS.get(name)
     if module is None:
         raise AttributeError(f"module 'stashpoint' has no attribute {name!r}")
+    import importlib
+
     value = getattr(importlib.import_module(module), "open_store" if name == "open" else name)
     globals()[name] = value
     return value

@@ -145,6 +145,13 @@ COMMANDS: dict[str, tuple[str, str]] = {
             "/ fork / approve."
         ),
     ),
+    "watch": (
+        "watch_cmd:watch",
+        (
+            "A daemon per workspace that keeps the store open and watches the files (inotify), so "
+            "that snap, rewind, log and agent hooks run in milliseconds."
+        ),
+    ),
 }
 
 

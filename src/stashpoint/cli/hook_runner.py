@@ -199,6 +199,25 @@ class _HookRun:
         created = before is None or cp.id != before.id
         self.result.update(ok=True, checkpoint=cp.id, created=created)
         self._hand_off_upkeep()
+        self._start_watch()
+
+    def _start_watch(self) -> None:
+        """With ``$STASHPOINT_WATCH=1``, a hook that ran without a daemon starts one for the
+        next calls (in the background: this call does not wait for its first scan)."""
+        from . import watch_cmd
+
+        if not watch_cmd.wanted() or self.ctx.mirror_url:
+            return
+        try:
+            from ..watchd.protocol import socket_path
+
+            url, root, _s, _b = self.ctx.locate()
+            path = socket_path(url, str(root), create=True)
+            if path is not None and watch_cmd.ping(path) is None:
+                watch_cmd.spawn(url, str(root), path)
+                self.log.append("started the watch daemon ($STASHPOINT_WATCH)")
+        except Exception as exc:  # the snapshot has succeeded; the next hook tries again
+            self.log.append(f"warning: watch daemon not started: {exc}")
 
     def _hand_off_upkeep(self) -> None:
         """Once a day a written store's close runs retention and GC, which takes as long as

@@ -21,6 +21,7 @@ from typing import Any
 
 import click
 
+from . import watch_cmd
 from ._app import STORE_DIR, Ctx, emit, json_option, pass_ctx, short
 from ._progress import ByteProgress
 from .hook_recipes import (
@@ -107,9 +108,19 @@ def _baseline(ctx: Ctx, agent: str) -> Any:
     "'-m stashpoint'); e.g. --command stashpoint for a shared, PATH-based entry.",
 )
 @click.option("--no-snapshot", is_flag=True, help="Skip the baseline snapshot of the project.")
+@click.option(
+    "--watch",
+    "watch",
+    is_flag=True,
+    help="Also start the project's watch daemon (stashpoint watch start), so that each hook "
+    "call is served in milliseconds; the default with $STASHPOINT_WATCH=1, which also makes "
+    "a hook start it when none runs.",
+)
 @json_option
 @pass_ctx
-def install(ctx: Ctx, agent: str, scope: str | None, prefix: str | None, no_snapshot: bool) -> None:
+def install(
+    ctx: Ctx, agent: str, scope: str | None, prefix: str | None, no_snapshot: bool, watch: bool
+) -> None:
     """Install hooks that snapshot the workspace as AGENT works.
 
     Merges into the agent's settings file (other settings and hooks are kept; running it
@@ -153,6 +164,9 @@ def install(ctx: Ctx, agent: str, scope: str | None, prefix: str | None, no_snap
         else:
             ctx.store(create=True)
         store_desc = str(ctx.store(create=True).home or ctx.store(create=True).url)
+    daemon = None
+    if snapshots_here and (watch or watch_cmd.wanted()):
+        daemon = watch_cmd.start_daemon(ctx)[0]["pid"]
     notes = _notes(agent, ctx.session_name, command, store_desc)
     events = [e for e, _m in JSON_HOOK_EVENTS.get(agent, ())]
     data_out = {
@@ -164,6 +178,7 @@ def install(ctx: Ctx, agent: str, scope: str | None, prefix: str | None, no_snap
         "events": events,
         "store": store_desc,
         "baseline": baseline.id if baseline is not None else None,
+        "watch_daemon": daemon,
         "notes": notes,
     }
     verb = "installed" if changed else "already installed (nothing changed)"
@@ -177,6 +192,8 @@ def install(ctx: Ctx, agent: str, scope: str | None, prefix: str | None, no_snap
     ]
     if baseline is not None:
         human.append(f"  baseline snapshot: {short(baseline.id)}")
+    if daemon is not None:
+        human.append(f"  watch daemon: {daemon} (stashpoint watch status)")
     emit(ctx, data_out, "\n".join([*human, "", *notes]))
 
 

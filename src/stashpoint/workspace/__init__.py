@@ -114,7 +114,10 @@ class Workspace:
         self._mem_cache: StatCache | None = None
 
     def _cache(self) -> StatCache:
-        if self._cache_path is None:
+        # Under a watcher the baseline is this object's own last scan, in memory: a cache
+        # file another process wrote meanwhile may describe an older moment than the one the
+        # watcher's events are relative to.
+        if self._cache_path is None or (self.watcher is not None and self._mem_cache is not None):
             if self._mem_cache is None:
                 self._mem_cache = StatCache(self._store_id, self._epoch, str(self.root))
             return self._mem_cache
@@ -125,6 +128,8 @@ class Workspace:
         epoch = self.blobs.meta.read_gc_epoch()
         if epoch != self._epoch:  # a GC condemned blobs: cached digests may name them
             self._epoch, self._mem_cache = epoch, None
+            if self.watcher is not None:
+                self.watcher.everything = True  # the new baseline is a full scan
         writer = self.blobs.writer()
         if self.watcher is not None:
             self.watcher.drain()  # every change made before this call is in the queue now
@@ -142,6 +147,17 @@ class Workspace:
         self._scanned = scanner.new
         self._pending_cache = scanner.new if scanner.cache_changed else None
         return result, pending
+
+    def take_over(self, old: Workspace) -> None:
+        """Continue ``old``'s watch of the same root (its store was closed and opened again):
+        its watcher, and the scan its events are relative to."""
+        if old.root != self.root:
+            raise ValueError(f"{old.root} is not {self.root}")
+        if self.watcher is not None and self.watcher is not old.watcher:
+            self.watcher.close()
+        self.watcher, old.watcher = old.watcher, None
+        self._mem_cache = old._mem_cache
+        self._epoch = old._epoch
 
     def save_cache(self) -> None:
         """Persist the stat cache of the last scan (call after its checkpoint committed).

@@ -263,7 +263,10 @@ class Scanner:
             # Racy: a scan may not infer "listing unchanged" from this stat (mtime -1 never
             # matches), but watch mode, which relies on events instead, may reuse the tree.
             self.new.trees[rel] = (-1, -1, -1, ctx.signature, digest, nfiles, nbytes)
-        return digest, nfiles, nbytes, cached is None or cached[4] != digest
+        # "Changed" for the parent: new content, or this directory's own inode changed (a
+        # chmod changes only its ctime and its mode, which the parent's tree records).
+        changed = cached is None or cached[4] != digest or cached[:3] != dkey[:3]
+        return digest, nfiles, nbytes, changed
 
     def _store_tree(self, entries: list[TreeEntry], had: bytes | None = None) -> bytes:
         """Encode one directory's tree object, queue it for storing, return its digest

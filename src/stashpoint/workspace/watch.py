@@ -110,6 +110,7 @@ class Watcher:
         """Directory -> the names in it that had an event (created, written, removed...)."""
         self.everything = True
         """True until the first scan, and after anything that makes events untrustworthy."""
+        self._relinked = False
         self._links: dict[bytes, frozenset[bytes]] = {}
         """Directory -> its files with more than one hard link. Writing through a link outside
         the watched directory names no watched path in any event, so these are never
@@ -156,7 +157,14 @@ class Watcher:
     def set_links(self, rel: bytes, names: list[bytes]) -> None:
         """The scanner saw these hard-linked files when it listed ``rel``."""
         if names:
-            self._links[rel] = frozenset(names)
+            new = frozenset(names)
+            if not self.everything and not new <= self._links.get(rel, _NO_NAMES):
+                # A link just made here to a file of another directory: creating it changed
+                # that file's link count, which no watched directory hears of, so nobody
+                # knows yet that the other name must be stat-ed at every snapshot. The next
+                # snapshot stats everything once, and finds it.
+                self._relinked = True
+            self._links[rel] = new
         else:
             self._links.pop(rel, None)
 
@@ -231,7 +239,7 @@ class Watcher:
         self._dirty.clear()
         self._dirty_below.clear()
         self._names.clear()
-        self.everything = False
+        self.everything, self._relinked = self._relinked, False
         for rel, names in self._links.items():  # never clean: see _links
             self._mark(rel)
             self._names[rel] = set(names)
