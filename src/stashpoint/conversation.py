@@ -29,6 +29,7 @@ if TYPE_CHECKING:
 __all__ = ["Known", "KnownConversation", "copied", "plain_copy", "same_prefix"]
 
 _IMMUTABLE = frozenset((str, bytes, int, float, bool, type(None)))
+_is_leaf = _IMMUTABLE.__contains__
 
 
 @dataclass
@@ -64,10 +65,16 @@ def plain_copy(value: Any) -> Any:
     (strings, numbers, bytes, None); TypeError for anything else inside."""
     t = type(value)
     if t is dict:
+        if all(map(_is_leaf, map(type, value.values()))):  # the usual message: one C copy
+            return value.copy()
         return {k: v if type(v) in _IMMUTABLE else plain_copy(v) for k, v in value.items()}
     if t is list:
+        if all(map(_is_leaf, map(type, value))):
+            return value.copy()
         return [v if type(v) in _IMMUTABLE else plain_copy(v) for v in value]
     if t is tuple:
+        if all(map(_is_leaf, map(type, value))):
+            return value  # immutable all the way down: itself
         return tuple([v if type(v) in _IMMUTABLE else plain_copy(v) for v in value])
     if t in _IMMUTABLE:
         return value
