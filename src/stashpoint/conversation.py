@@ -13,6 +13,7 @@ The session methods here are joined into :class:`~stashpoint.Session` by
 from __future__ import annotations
 
 import copy
+import operator
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -30,6 +31,7 @@ __all__ = ["Known", "KnownConversation", "copied", "plain_copy", "same_prefix"]
 
 _IMMUTABLE = frozenset((str, bytes, int, float, bool, type(None)))
 _is_leaf = _IMMUTABLE.__contains__
+_data = operator.itemgetter(1)  # of a log row: (chain, data)
 
 
 @dataclass
@@ -51,6 +53,10 @@ def _written(msgs: Sequence[Any], data: Sequence[bytes]) -> list[Any]:
     new dicts, lists and tuples around the same immutable leaves (so that comparing a message
     with its copy mostly compares pointers), or the message decoded from its bytes when it
     holds anything else (a registered dataclass, a pydantic model)."""
+    try:
+        return list(map(plain_copy, msgs))  # in C, the usual case
+    except TypeError:
+        pass
     out = []
     for m, d in zip(msgs, data, strict=True):
         try:
@@ -126,7 +132,7 @@ def _known_written(self: Session, msgs: Any, append: LogAppend | None) -> None:
         return
     known = self._conv_objs  # what _common_prefix compared against (all of it if unchanged)
     start = append.start if append is not None else len(msgs)
-    data = [d for _chain, d in append.messages] if append is not None else []
+    data = list(map(_data, append.messages)) if append is not None else []
     if known is None or len(known.objs) < start:
         if start:  # (the head had no conversation to compare against: nothing kept)
             self._conv_objs = None

@@ -95,6 +95,7 @@ import warnings
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from itertools import compress
 from pathlib import Path
 from typing import Any, NamedTuple, cast
 
@@ -165,6 +166,7 @@ _KEEP_BRANCHES = 8  # engine objects and encoded states kept per thread
 _KEEP_LOGS = 64  # conversation logs whose decoded messages the saver keeps
 _KEEP_TINY = 4096  # tiny immutable values kept decoded
 _IMMUTABLE = frozenset((type(None), bool, int, float, str, bytes))
+_is_leaf = _IMMUTABLE.__contains__
 # Metadata keys of a DeltaChannel thread (those LangGraph's PostgresSaver checks in prune)
 _DELTA_MD = frozenset(("counters_since_delta_snapshot", "delta_writes_versioned"))
 
@@ -1781,13 +1783,14 @@ def _snapshot(view: Any) -> Any:
         if type(view) is not dict:
             return plain_copy(view)
         out = view.copy()
-        for k, v in view.items():
+        # only the fields that are not strings, numbers or None (found in C)
+        for k in compress(view, map(operator.not_, map(_is_leaf, map(type, view.values())))):
+            v = view[k]
             t = type(v)
-            if t not in _IMMUTABLE:
-                if not v and (t is dict or t is builtins.list):
-                    out[k] = _NO_DICT if t is dict else _NO_LIST
-                else:
-                    out[k] = plain_copy(v)
+            if not v and (t is dict or t is builtins.list):
+                out[k] = _NO_DICT if t is dict else _NO_LIST
+            else:
+                out[k] = plain_copy(v)
         return out
     except TypeError:
         return copied(view)
