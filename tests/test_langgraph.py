@@ -359,7 +359,7 @@ def test_nested_fields_changed_in_place_are_stored(tmp_path: Path) -> None:
     one shared empty dict and list: a message whose empty ``additional_kwargs`` gained a key
     in place, or whose tool call's arguments (a dict in a list) changed in place, differs
     from its copy all the same, and the change is stored; the shared empties stay empty."""
-    from stashpoint.integrations import langgraph as lg
+    from stashpoint import conversation
 
     def answer(s: MessagesState) -> dict[str, Any]:
         call = {"name": "search", "args": {"q": "first"}, "id": "c1"}
@@ -385,7 +385,7 @@ def test_nested_fields_changed_in_place_are_stored(tmp_path: Path) -> None:
     assert q.additional_kwargs == {"note": "added in place"}
     assert a.response_metadata == {"seen": True}
     assert a.tool_calls[0]["args"] == {"q": "changed in place"}
-    assert lg._NO_DICT == {} and lg._NO_LIST == []
+    assert conversation._NO_DICT == {} and conversation._NO_LIST == []
     saver.close()
     fresh.close()
 

@@ -88,14 +88,12 @@ import contextlib
 import contextvars
 import hashlib
 import json
-import operator
 import os
 import threading
 import warnings
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from itertools import compress
 from pathlib import Path
 from typing import Any, NamedTuple, cast
 
@@ -131,6 +129,7 @@ except ImportError as exc:
 
 from .. import serde
 from .._store import Store
+from ..conversation import fields_of, snapshot
 from ..errors import IntegrityError, SerializationError, UsageError
 from ..integrity import EMPTY_CHAIN
 from ..model import Checkpoint, LogRef, utc_now_iso
@@ -140,8 +139,6 @@ from ..session import (
     RewindResult,
     Session,
     StashpointWarning,
-    copied,
-    plain_copy,
     same_prefix,
 )
 from ..stores.base import BlobRow, MetadataStore
@@ -166,7 +163,6 @@ _KEEP_BRANCHES = 8  # engine objects and encoded states kept per thread
 _KEEP_LOGS = 64  # conversation logs whose decoded messages the saver keeps
 _KEEP_TINY = 4096  # tiny immutable values kept decoded
 _IMMUTABLE = frozenset((type(None), bool, int, float, str, bytes))
-_is_leaf = _IMMUTABLE.__contains__
 # Metadata keys of a DeltaChannel thread (those LangGraph's PostgresSaver checks in prune)
 _DELTA_MD = frozenset(("counters_since_delta_snapshot", "delta_writes_versioned"))
 
@@ -314,7 +310,8 @@ class _StateCache:
     of: str
     """Record id whose state this is."""
     conv_views: builtins.list[Any] | None = None
-    """Copies of the contents of the messages as stored (see :func:`_views`)."""
+    """Copies of the contents of the messages as stored (see
+    :func:`~stashpoint.conversation.snapshot`)."""
     conv_items: builtins.list[str] | None = None
     """Messages as stored: base64 text of their packed bytes."""
     values: dict[str, tuple[Any, Any, bytes]] = field(default_factory=dict)
@@ -366,8 +363,9 @@ class _View:
         self.items: builtins.list[str] = []
         self.objs: builtins.list[Any] = []
         self.views: builtins.list[Any] = []
-        """Copies of the messages' contents as stored (see :func:`_views`), taken only when a
-        put may compare with them (``get_tuple``): ``list`` copies nothing."""
+        """Copies of the messages' contents as stored (see
+        :func:`~stashpoint.conversation.snapshot`), taken only when a put may compare with
+        them (``get_tuple``): ``list`` copies nothing."""
         self.shown = 0
         """``objs[:shown]`` were handed out before their copies were taken: someone may have
         changed them, so their copies come from the stored bytes."""
@@ -503,9 +501,9 @@ class _Reader:
             if len(v.views) < min(v.shown, n):  # decoded again: objects nobody else holds
                 items = self._items(log, v, n)[len(v.views) : min(v.shown, n)]
                 v.views.extend(
-                    _views(self.saver._loads_many([_untext(i, "message") for i in items]))
+                    fields_of(self.saver._loads_many([_untext(i, "message") for i in items]))
                 )
-            v.views.extend(map(_snapshot, _views(objs[len(v.views) : n])))
+            v.views.extend(map(snapshot, fields_of(objs[len(v.views) : n])))
 
     def _show(self, log: str, v: _View, n: int) -> None:
         """Note that messages ``[0, n)`` are handed out (a fork's prefix: its parent log's)."""
@@ -1417,7 +1415,7 @@ class StashpointSaver(BaseCheckpointSaver[int]):
         """
         old_views = cache.conv_views if cache is not None else None
         old_items = cache.conv_items if cache is not None else None
-        views = _views(msgs)
+        views = fields_of(msgs)
         if old_views is None or old_items is None:
             n, items, kept = 0, [], []
         else:  # each list copied once (the parent's stay as they are: other caches hold them)
@@ -1425,7 +1423,7 @@ class StashpointSaver(BaseCheckpointSaver[int]):
             items, kept = old_items[:n], old_views[:n]
         if n < len(msgs):
             items.extend([_text(self._dumps(m)) for m in msgs[n:]])
-            kept.extend(map(_snapshot, views[n:]))
+            kept.extend(map(snapshot, views[n:]))
         return items, n, kept
 
     def _embed(
@@ -1750,50 +1748,6 @@ def _fresh(x: Any) -> Any:
 
 
 _NESTED = (dict, builtins.list)
-_FIELDS = operator.attrgetter("__dict__")
-
-
-def _views(msgs: Iterable[Any]) -> builtins.list[Any]:
-    """What messages are compared by: an object's fields (its ``__dict__``: a LangChain
-    message's content, ids, tool calls, metadata), else the message itself (a dict)."""
-    msgs = msgs if isinstance(msgs, builtins.list) else builtins.list(msgs)
-    try:
-        return builtins.list(map(_FIELDS, msgs))  # in C
-    except AttributeError:
-        return [getattr(m, "__dict__", m) for m in msgs]
-
-
-_NO_DICT: dict[Any, Any] = {}
-_NO_LIST: builtins.list[Any] = []
-"""The empty containers of every copy :func:`_snapshot` takes: copies are only compared,
-never changed nor handed out, so one empty dict and one empty list serve them all."""
-
-
-def _snapshot(view: Any) -> Any:
-    """A copy of a message's content, independent of the message (shares immutable leaves).
-
-    A LangChain message's fields are mostly strings and None, with empty dicts and lists
-    (``additional_kwargs``, ``tool_calls``): the dict is copied in C and only its containers
-    copied again, the empty ones not at all (they become the shared ``_NO_DICT`` and
-    ``_NO_LIST``). A put compares every message with its copy, memory-bound once the
-    conversation outgrows the CPU caches: each copy is one dict, not one dict and 2-4 empty
-    containers (~40 % less time comparing; a ``get_tuple`` from a new saver copies every
-    message, at half the cost of :func:`plain_copy`)."""
-    try:
-        if type(view) is not dict:
-            return plain_copy(view)
-        out = view.copy()
-        # only the fields that are not strings, numbers or None (found in C)
-        for k in compress(view, map(operator.not_, map(_is_leaf, map(type, view.values())))):
-            v = view[k]
-            t = type(v)
-            if not v and (t is dict or t is builtins.list):
-                out[k] = _NO_DICT if t is dict else _NO_LIST
-            else:
-                out[k] = plain_copy(v)
-        return out
-    except TypeError:
-        return copied(view)
 
 
 def _ids(ids: Sequence[str], what: str) -> Sequence[str]:
