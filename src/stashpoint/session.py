@@ -591,8 +591,8 @@ class Session(Reading, Binding, KnownConversation, Restoring, Editing, DurableMe
         message. The comparison is one ``list ==`` in C (dicts, lists and strings compare
         there without calling back into Python), far below encoding the conversation again
         but not free: ~430 CPU instructions a message (a dict of two strings; the identity
-        test it replaced took ~25), so a checkpoint of 2,000 messages costs ~1.5x one of 20
-        (the rest of a checkpoint is ~1.3 M instructions). Messages of an immutable type (the
+        test it replaced took ~25), ~0.86 M at 2,000 messages, more than the rest of a
+        checkpoint (~0.65 M). Messages of an immutable type (the
         LangGraph saver's encoded strings) are kept as the objects given: one identity test.
         A copy that compares unequal although the message encodes the same bytes (a ``nan``
         inside) is not taken for a change.

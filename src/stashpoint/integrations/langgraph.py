@@ -64,7 +64,7 @@ messages added since. Tuples share those message objects (and, within one ``list
 decoded values common to several checkpoints): treat them as read-only. A ``put`` finds the
 messages already stored by content: each message's fields are compared with a copy taken when
 it was stored or first read by ``get_tuple`` (one ``list ==`` in C, ~2,200 CPU
-instructions a LangChain message: at 2,000 messages, twice the rest of a put), so a
+instructions a LangChain message: at 2,000 messages, ~3x the rest of a put), so a
 node that changes a message in place and returns it (``msg.content = "edited"; return
 {"messages": [msg]}``) has the change stored, as LangGraph's own savers do; only the changed
 message and those after it are serialized again. (A message changed in place also changes
@@ -1411,7 +1411,7 @@ class StashpointSaver(BaseCheckpointSaver[int]):
         taken when it was stored: one ``list ==`` in C over dicts whose unchanged strings
         are the same objects. That costs ~2,200 CPU instructions a message at every put
         (~300 to reach its ``__dict__``, ~1,900 to compare its 6-9 fields; the identity test
-        it replaced took ~8), ~4.4 M at 2,000 messages where the rest of a put is ~2.1 M,
+        it replaced took ~8), ~4.4 M at 2,000 messages where the rest of a put is ~1.5 M,
         against ~15 us to serialize one message again; no cheaper test sees a change in
         place (the objects and their dicts stay the same; only their contents tell).
         """
