@@ -192,3 +192,26 @@ def test_a_message_changed_in_place_is_redacted_again(tmp_path: Path) -> None:
         got = [m["content"] for m in store.session("s").state()["messages"]]
     assert key not in got[0] and got[0].startswith("now ")
     assert got[1] == "no key here"
+
+
+def test_nested_values_changed_in_place_are_stored(tmp_path: Path) -> None:
+    """A message is compared with a copy of it taken when it was stored: a dict of strings
+    is copied whole, one with lists or dicts inside copies those too. A change deep inside a
+    message that is otherwise the same object with the same text is stored."""
+    with stashpoint.open(tmp_path / "store") as store:
+        run = store.session("s")
+        msgs: list[Any] = [
+            {"role": "user", "content": "q", "parts": ["a"]},
+            {"role": "assistant", "content": "r", "calls": [{"args": {"q": "x"}}]},
+            {"role": "tool", "content": "t", "pair": (1, ["y"])},
+            {"role": "user", "content": "plain"},
+        ]
+        run.checkpoint({"messages": msgs})
+        msgs[0]["parts"].append("b")
+        msgs[1]["calls"][0]["args"]["q"] = "changed"
+        msgs[2]["pair"][1].append("z")
+        msgs[3]["extra"] = {}
+        run.checkpoint({"messages": msgs})
+        want = copy.deepcopy(msgs)
+    with stashpoint.open(tmp_path / "store") as store:
+        assert store.session("s").state()["messages"] == want

@@ -354,6 +354,42 @@ def test_a_message_edited_in_place_survives_a_restart(tmp_path: Path, durability
     saver.close()
 
 
+def test_nested_fields_changed_in_place_are_stored(tmp_path: Path) -> None:
+    """A put compares each message with a copy of its fields whose empty dicts and lists are
+    one shared empty dict and list: a message whose empty ``additional_kwargs`` gained a key
+    in place, or whose tool call's arguments (a dict in a list) changed in place, differs
+    from its copy all the same, and the change is stored; the shared empties stay empty."""
+    from stashpoint import conversation
+
+    def answer(s: MessagesState) -> dict[str, Any]:
+        call = {"name": "search", "args": {"q": "first"}, "id": "c1"}
+        return {"messages": [AIMessage(content="a", id="a1", tool_calls=[call])]}
+
+    def edit(s: MessagesState) -> dict[str, Any]:
+        q, a = s["messages"]
+        q.additional_kwargs["note"] = "added in place"  # empty when it was stored
+        a.response_metadata["seen"] = True
+        a.tool_calls[0]["args"]["q"] = "changed in place"
+        return {"messages": [q, a]}
+
+    g = StateGraph(MessagesState)
+    g.add_node("answer", answer)
+    g.add_node("edit", edit)
+    g.add_edge(START, "answer")
+    g.add_edge("answer", "edit")
+    g.add_edge("edit", END)
+    saver = StashpointSaver(tmp_path / "store")
+    g.compile(checkpointer=saver).invoke({"messages": [HumanMessage("q", id="q1")]}, cfg("n"))
+    fresh = StashpointSaver(tmp_path / "store")
+    q, a = g.compile(checkpointer=fresh).get_state(cfg("n")).values["messages"]
+    assert q.additional_kwargs == {"note": "added in place"}
+    assert a.response_metadata == {"seen": True}
+    assert a.tool_calls[0]["args"] == {"q": "changed in place"}
+    assert conversation._NO_DICT == {} and conversation._NO_LIST == []
+    saver.close()
+    fresh.close()
+
+
 def test_a_message_changed_after_list_is_still_compared_with_what_was_stored(
     tmp_path: Path,
 ) -> None:

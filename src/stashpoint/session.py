@@ -589,8 +589,10 @@ class Session(Reading, Binding, KnownConversation, Restoring, Editing, DurableMe
         from the bytes written), not with the objects given then: a message changed in place
         since (``msgs[-1]["content"] = "edited"``) is the same object, but no longer the same
         message. The comparison is one ``list ==`` in C (dicts, lists and strings compare
-        there without calling back into Python), so a checkpoint costs O(n) comparisons but
-        stays far below encoding the conversation again. Messages of an immutable type (the
+        there without calling back into Python), far below encoding the conversation again
+        but not free: ~430 CPU instructions a message (a dict of two strings; the identity
+        test it replaced took ~25), ~0.86 M at 2,000 messages, more than the rest of a
+        checkpoint (~0.65 M). Messages of an immutable type (the
         LangGraph saver's encoded strings) are kept as the objects given: one identity test.
         A copy that compares unequal although the message encodes the same bytes (a ``nan``
         inside) is not taken for a change.

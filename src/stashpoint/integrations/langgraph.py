@@ -63,7 +63,8 @@ read (logs are append-only), so after a first read ``list`` and ``get_tuple`` de
 messages added since. Tuples share those message objects (and, within one ``list`` call, the
 decoded values common to several checkpoints): treat them as read-only. A ``put`` finds the
 messages already stored by content: each message's fields are compared with a copy taken when
-it was stored or first read by ``get_tuple`` (one ``list ==`` in C, ~0.2 us a message), so a
+it was stored or first read by ``get_tuple`` (one ``list ==`` in C, ~2,200 CPU
+instructions a LangChain message: at 2,000 messages, ~3x the rest of a put), so a
 node that changes a message in place and returns it (``msg.content = "edited"; return
 {"messages": [msg]}``) has the change stored, as LangGraph's own savers do; only the changed
 message and those after it are serialized again. (A message changed in place also changes
@@ -88,7 +89,6 @@ import contextlib
 import contextvars
 import hashlib
 import json
-import operator
 import os
 import threading
 import warnings
@@ -130,6 +130,7 @@ except ImportError as exc:
 
 from .. import serde
 from .._store import Store
+from ..conversation import fields_of, snapshot
 from ..errors import IntegrityError, SerializationError, UsageError
 from ..integrity import EMPTY_CHAIN
 from ..metakeys import langgraph_pending_key
@@ -140,8 +141,6 @@ from ..session import (
     RewindResult,
     Session,
     StashpointWarning,
-    copied,
-    plain_copy,
     same_prefix,
 )
 from ..stores.base import BlobRow, MetadataStore
@@ -313,7 +312,8 @@ class _StateCache:
     of: str
     """Record id whose state this is."""
     conv_views: builtins.list[Any] | None = None
-    """Copies of the contents of the messages as stored (see :func:`_views`)."""
+    """Copies of the contents of the messages as stored (see
+    :func:`~stashpoint.conversation.snapshot`)."""
     conv_items: builtins.list[str] | None = None
     """Messages as stored: base64 text of their packed bytes."""
     values: dict[str, tuple[Any, Any, bytes]] = field(default_factory=dict)
@@ -365,8 +365,9 @@ class _View:
         self.items: builtins.list[str] = []
         self.objs: builtins.list[Any] = []
         self.views: builtins.list[Any] = []
-        """Copies of the messages' contents as stored (see :func:`_views`), taken only when a
-        put may compare with them (``get_tuple``): ``list`` copies nothing."""
+        """Copies of the messages' contents as stored (see
+        :func:`~stashpoint.conversation.snapshot`), taken only when a put may compare with
+        them (``get_tuple``): ``list`` copies nothing."""
         self.shown = 0
         """``objs[:shown]`` were handed out before their copies were taken: someone may have
         changed them, so their copies come from the stored bytes."""
@@ -502,9 +503,9 @@ class _Reader:
             if len(v.views) < min(v.shown, n):  # decoded again: objects nobody else holds
                 items = self._items(log, v, n)[len(v.views) : min(v.shown, n)]
                 v.views.extend(
-                    _views(self.saver._loads_many([_untext(i, "message") for i in items]))
+                    fields_of(self.saver._loads_many([_untext(i, "message") for i in items]))
                 )
-            v.views.extend(map(_snapshot, _views(objs[len(v.views) : n])))
+            v.views.extend(map(snapshot, fields_of(objs[len(v.views) : n])))
 
     def _show(self, log: str, v: _View, n: int) -> None:
         """Note that messages ``[0, n)`` are handed out (a fork's prefix: its parent log's)."""
@@ -1409,21 +1410,24 @@ class StashpointSaver(BaseCheckpointSaver[int]):
         very object of the parent's list, and the change must still be stored. What is
         compared is each message's ``__dict__`` (a LangChain message's fields) with a copy
         taken when it was stored: one ``list ==`` in C over dicts whose unchanged strings
-        are the same objects. That costs ~0.15-0.25 us a message at every put (~0.25 ms at
-        1,000 messages, where the identity test it replaces cost ~3 us), against ~15 us to
-        serialize one message again; no cheaper test sees a change in place (the objects and
-        their dicts stay the same; only their contents tell).
+        are the same objects. That costs ~2,200 CPU instructions a message at every put
+        (~300 to reach its ``__dict__``, ~1,900 to compare its 6-9 fields; the identity test
+        it replaced took ~8), ~4.4 M at 2,000 messages where the rest of a put is ~1.5 M,
+        against ~15 us to serialize one message again; no cheaper test sees a change in
+        place (the objects and their dicts stay the same; only their contents tell).
         """
         old_views = cache.conv_views if cache is not None else None
         old_items = cache.conv_items if cache is not None else None
-        views = _views(msgs)
-        n = 0
-        if old_views is not None and old_items is not None:
+        views = fields_of(msgs)
+        if old_views is None or old_items is None:
+            n, items, kept = 0, [], []
+        else:  # each list copied once (the parent's stay as they are: other caches hold them)
             n = same_prefix(views, old_views)
-        head = old_items[:n] if old_items is not None and n else []
-        items = head + [_text(self._dumps(m)) for m in msgs[n:]]
-        kept = old_views[:n] if old_views is not None and n else []
-        return items, n, kept + [_snapshot(v) for v in views[n:]]
+            items, kept = old_items[:n], old_views[:n]
+        if n < len(msgs):
+            items.extend([_text(self._dumps(m)) for m in msgs[n:]])
+            kept.extend(map(snapshot, views[n:]))
+        return items, n, kept
 
     def _embed(
         self,
@@ -1747,37 +1751,6 @@ def _fresh(x: Any) -> Any:
 
 
 _NESTED = (dict, builtins.list)
-_FIELDS = operator.attrgetter("__dict__")
-
-
-def _views(msgs: Iterable[Any]) -> builtins.list[Any]:
-    """What messages are compared by: an object's fields (its ``__dict__``: a LangChain
-    message's content, ids, tool calls, metadata), else the message itself (a dict)."""
-    msgs = msgs if isinstance(msgs, builtins.list) else builtins.list(msgs)
-    try:
-        return builtins.list(map(_FIELDS, msgs))  # in C
-    except AttributeError:
-        return [getattr(m, "__dict__", m) for m in msgs]
-
-
-def _snapshot(view: Any) -> Any:
-    """A copy of a message's content, independent of the message (shares immutable leaves).
-
-    A LangChain message's fields are mostly strings and None, with empty dicts and lists
-    (``additional_kwargs``, ``tool_calls``): the dict is copied in C and only its containers
-    copied again, the empty ones without a call (half the cost of :func:`plain_copy` on the
-    whole dict, which matters to a ``get_tuple`` from a new saver: it copies every message)."""
-    try:
-        if type(view) is not dict:
-            return plain_copy(view)
-        out = view.copy()
-        for k, v in view.items():
-            t = type(v)
-            if t not in _IMMUTABLE:
-                out[k] = {} if t is dict and not v else [] if t is list and not v else plain_copy(v)
-        return out
-    except TypeError:
-        return copied(view)
 
 
 def _ids(ids: Sequence[str], what: str) -> Sequence[str]:
