@@ -58,6 +58,7 @@ _EXPORTS = {
     "StoreError": "stashpoint.errors",
     "Task": "stashpoint.durable",
     "ToolRejected": "stashpoint.errors",
+    "Trial": "stashpoint.trial",
     "UsageError": "stashpoint.errors",
     "ValidationError": "stashpoint.errors",
     "current_effect_key": "stashpoint.durable",
@@ -108,6 +109,7 @@ __all__ = [
     "StoreError",
     "Task",
     "ToolRejected",
+    "Trial",
     "UsageError",
     "ValidationError",
     "__version__",
@@ -159,6 +161,7 @@ if TYPE_CHECKING:
     from .serde import register_type
     from .session import RewindResult, Session
     from .statediff import CheckpointDiff
+    from .trial import Trial
 
 
 def __getattr__(name: str) -> Any:
