@@ -293,12 +293,22 @@ class Scanner:
         out: list[TreeEntry] = []
         nfiles = nbytes = 0
         changed = False
+        w = self.watcher
+        assert w is not None  # (only watch mode scans partially)
+        trees = self.old.trees
         for name, e in entries.items():
             if e.kind == "d":
+                crel = prefix + name
+                got = trees.get(crel)
+                if got is not None and w.subtree_clean(crel):  # no event below: as cached,
+                    self.new.trees[crel] = got  # without the lstat _scan_dir would not use
+                    out.append(TreeEntry(name, "d", e.mode, 0, got[4]))
+                    nfiles += got[5]
+                    nbytes += got[6]
+                    changed = changed or got[4] != e.ref
+                    continue
                 sub_path = path + b"/" + name
-                sub, n, b, sub_changed = self._scan_dir(
-                    sub_path, prefix + name, ctx, os.lstat(sub_path)
-                )
+                sub, n, b, sub_changed = self._scan_dir(sub_path, crel, ctx, os.lstat(sub_path))
                 changed = changed or sub_changed
                 e = TreeEntry(name, "d", e.mode, 0, sub)
                 nfiles += n
