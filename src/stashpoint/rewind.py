@@ -159,6 +159,34 @@ def rewind(
     anything is written. A restore that fails on damaged data puts the workspace and
     the branch head back as they were.
     """
+    return self._rewind(
+        ref,
+        files=files,
+        state=state,
+        compensate=compensate,
+        artifacts=artifacts,
+        progress=progress,
+        artifacts_to=artifacts_to,
+        recorded_paths=recorded_paths,
+    )
+
+
+def _rewind(
+    self: Session,
+    ref: str,
+    *,
+    files: bool = True,
+    state: bool = True,
+    compensate: bool = False,
+    artifacts: bool | Mapping[str, str | os.PathLike[str] | None] = False,
+    progress: Callable[[int, int], None] | None = None,
+    artifacts_to: str | os.PathLike[str] | None = None,
+    recorded_paths: bool = False,
+    reuse_head: bool = False,
+) -> RewindResult:
+    """:meth:`rewind`; ``reuse_head``: when nothing changed since the branch head (same
+    files, state and journal), the head is the undo point and no safety checkpoint is
+    recorded (a trial rolling back right after its checkpoint)."""
     if not (files or state):
         raise UsageError("rewind needs files, state or both")
     target = self.get(ref)
@@ -184,7 +212,7 @@ def rewind(
     # A state-only rewind run from a directory the branch is not bound to records no
     # files of it: the branch keeps its own directory's files.
     here = files or (self.root is not None and self.bound_root() == str(self.root))
-    before = self._fresh_head() if here and not captured else None
+    before = self._fresh_head() if reuse_head and here and not captured else None
     safety = self.checkpoint(
         kind="pre-rewind",
         message=f"before rewind to {target.id}",
@@ -192,8 +220,7 @@ def rewind(
         progress=progress if captured else None,
         files=here,
         # Nothing changed since the head (same files, same state, same journal): the head
-        # is the undo point, and no duplicate is recorded. A tree-search loop rolling back
-        # a trial it just checkpointed pays for no commit here.
+        # is the undo point, and no duplicate is recorded.
         skip_unchanged=before is not None and self._journal_ref(before) == before.journal,
     )
     reused = before is not None and safety.id == before.id
@@ -662,6 +689,7 @@ class Restoring:
     _restoring = _restoring
     _journal_key = _journal_key
     rewind = rewind
+    _rewind = _rewind
     _journal = _journal
     _fresh_head = _fresh_head
     _finish_rewind = _finish_rewind

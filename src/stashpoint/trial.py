@@ -76,7 +76,8 @@ class Trial:
             self._base = s.checkpoint(kind="auto", message="trial", skip_unchanged=True)
         else:
             target = s.get(self._ref)
-            s.rewind(target.id)  # writes nothing when the workspace is already there
+            # Writes nothing and records nothing when the workspace is already there.
+            s._rewind(target.id, reuse_head=True)
             self._base = target
         _open.setdefault(s, []).append(self)
         self.outcome = "open"
@@ -122,7 +123,8 @@ class Trial:
 
     # -- internals ---------------------------------------------------------------------
     def _rollback(self) -> Checkpoint:
-        done = self.session.rewind(self.base.id)
+        # A trial checkpointed just before (nothing changed since) is its own undo point.
+        done = self.session._rewind(self.base.id, reuse_head=True)
         self._end("rolled back", done.safety)
         return done.safety
 
