@@ -323,3 +323,35 @@ def test_rollback_writes_only_inside_the_bound_workspace(tmp_path: Path) -> None
         with pytest.raises(stashpoint.RestoreRefused), elsewhere.trial(base):
             pass
         assert sorted(p.name for p in other.iterdir()) == ["keep.txt"]
+
+
+@pytest.mark.parametrize("watch", [True, False], ids=["watch", "scan"])
+def test_rollback_rewrites_only_what_changed(tmp_path: Path, watch: bool) -> None:
+    """O(changed): every file the trial did not touch keeps its inode and mtime."""
+    if watch and not watch_supported():
+        pytest.skip("no inotify here")
+    ws = tmp_path / "ws"
+    for d in range(10):
+        (ws / f"d{d}").mkdir(parents=True)
+        for f in range(20):
+            (ws / f"d{d}" / f"f{f}.txt").write_text(f"{d}/{f}\n")
+
+    def stamps() -> dict[str, tuple[int, int]]:
+        return {
+            p.relative_to(ws).as_posix(): (p.stat().st_ino, p.stat().st_mtime_ns)
+            for p in ws.rglob("*")
+            if p.is_file()
+        }
+
+    with stashpoint.open(tmp_path / "store") as store:
+        run = store.session("s", workspace=ws, watch=watch)
+        node = run.checkpoint()
+        before = stamps()
+        with run.trial(node):
+            (ws / "d3" / "f1.txt").write_text("changed\n")
+            (ws / "d7" / "f2.txt").unlink()
+            (ws / "d7" / "new.txt").write_text("new\n")
+        after = stamps()
+        assert after.keys() == before.keys()
+        rewritten = {k for k in before if after[k] != before[k]}
+        assert rewritten == {"d3/f1.txt", "d7/f2.txt"}

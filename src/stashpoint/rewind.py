@@ -355,7 +355,7 @@ def _finish_rewind(
                 self.name, self.branch, target.id, current_head, fence=self.fence
             )
         self._head_loaded = False
-        head = self.store.get(target.id)
+        head = target  # (read and verified above)
     else:
         assert safety is not None, "partial rewinds always take a safety checkpoint"
         head = self._compose(journal, target, safety)
