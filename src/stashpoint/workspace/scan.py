@@ -145,7 +145,7 @@ def _kept_changing(rel: bytes) -> StashpointError:
 _Pending = tuple[int, bytes, bytes, bytes, os.stat_result, "bytes | None", "Future[Any]", int]
 """(index in the listing, name, path, relpath, stat, cached digest, the future of the batch
 that reads it, its place in the batch)."""
-_BATCH_FILES = 32
+_BATCH_FILES = 8  # (a directory of 30 files still goes to several readers at once)
 _BATCH_BYTES = 1 << 20
 _SLOT = TreeEntry(b"", "f", 0, 0, b"")
 _NO_JOB: Future[Any] = None  # type: ignore[assignment]  # (set by _submit)
@@ -294,6 +294,7 @@ class Scanner:
         batch: list[tuple[bytes, bytes, os.stat_result]] = []
         batch_at = 0  # where the batch's files start in ``pending``
         batch_bytes = 0
+        subdirs: list[tuple[bytes, bytes, os.stat_result]] = []
         if known is not None and dirty is not None:
             # Watch mode: a name without an event since the last snapshot, still listed with
             # the same type, is the file (or link) the stored tree has: no stat needed.
@@ -370,6 +371,9 @@ class Scanner:
                     continue
                 if check_ignores and not (trusted and crel in old.dirs) and ctx.ignored(crel, True):
                     continue
+                if threads:  # after this directory's files are handed to the readers
+                    subdirs.append((e.path, crel, st))
+                    continue
                 sub, n, b, changed = self._scan_dir(e.path, crel, ctx, st)
                 reusable = reusable and not changed
                 names.append(name)
@@ -386,9 +390,17 @@ class Scanner:
                 reusable = False  # links are not in the stat cache: always re-encode
             else:
                 self._result.skipped.append(os.fsdecode(crel))
+        if batch:
+            _submit(batch, pending, batch_at)
+        for path_, crel, st in subdirs:  # while the readers read this directory's files
+            sub, n, b, changed = self._scan_dir(path_, crel, ctx, st)
+            reusable = reusable and not changed
+            name = crel.rpartition(b"/")[2]
+            names.append(name)
+            found.append(TreeEntry(name, "d", st.st_mode & 0o7777, 0, sub))
+            nfiles += n
+            nbytes += b
         if pending:
-            if batch:
-                _submit(batch, pending, batch_at)
             nbytes += self._collect(pending, found)
         if w is not None and links is not None:
             w.set_links(rel, links)
