@@ -56,8 +56,8 @@ _MAX_RETRIES = 5
 _POOL_MAX_FILE = 1 << 20  # larger files are chunked by the writer, inline
 _POOL_DIR_BYTES = 16 << 20
 _POOL_AFTER = 32
-"""Files read inline by a scan before it reads the rest on threads (an empty stat cache,
-a first snapshot, uses threads at once)."""
+"""Files read inline by a scan before it reads the rest on threads: a snapshot of a few
+files (a hook's CLI run) never starts a thread or imports the pool."""
 _WORKERS = max(2, min(4, os.cpu_count() or 1))
 _executor: ThreadPoolExecutor | None = None
 _executor_lock = threading.Lock()
@@ -211,7 +211,6 @@ class Scanner:
         self._racy = racy_after()
         self._racy_after = self._racy[0]  # the hot loop's test; whole seconds: see is_racy
         self._result = ScanResult(b"")
-        self._threads = not cache.files  # a first snapshot: read on threads at once
 
     @property
     def cache_changed(self) -> bool:
@@ -288,7 +287,7 @@ class Scanner:
         check_ignores = not ctx.empty
         exclude = self.exclude
         links: list[bytes] | None = [] if w is not None else None
-        threads = self._threads or self._result.read_files >= _POOL_AFTER
+        threads = self._result.read_files >= _POOL_AFTER
         pending: list[_Pending] = []
         pending_bytes = 0
         batch: list[tuple[bytes, bytes, os.stat_result]] = []
