@@ -40,6 +40,7 @@ BENCHES = {
     "mirror": "bench_mirror",
     "durability": "bench_durability",
     "secrets": "bench_secrets",
+    "treesearch": "bench_treesearch",
 }
 RESULTS = Path(__file__).resolve().parent / "results"
 

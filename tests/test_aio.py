@@ -139,6 +139,7 @@ _NO_TWIN: dict[type, set[str]] = {
         "fence",  # a property that may renew the lease (a store round trip): see its lease
         "run",  # a sync program: `await run.run_sync(stashpoint.Session.run, fn)`
         "resume",  # an alias of run
+        "trial",  # a sync context manager around the caller's block: no async twin yet
     },
     stashpoint.Store: {
         "gc_epoch",  # plumbing the store's sessions stamp their caches with (reads the store)

@@ -59,6 +59,7 @@ _EXPORTS = {
     "StoreError": "stashpoint.errors",
     "Task": "stashpoint.durable",
     "ToolRejected": "stashpoint.errors",
+    "Trial": "stashpoint.trial",
     "UsageError": "stashpoint.errors",
     "ValidationError": "stashpoint.errors",
     "current_effect_key": "stashpoint.durable",
@@ -109,6 +110,7 @@ __all__ = [
     "StoreError",
     "Task",
     "ToolRejected",
+    "Trial",
     "UsageError",
     "ValidationError",
     "__version__",
@@ -160,6 +162,7 @@ if TYPE_CHECKING:
     from .serde import register_type
     from .session import RewindResult, Session
     from .statediff import CheckpointDiff
+    from .trial import Trial
 
 
 def __getattr__(name: str) -> Any:

@@ -44,6 +44,7 @@ from .workspace import RestoreStats, restoring
 if TYPE_CHECKING:
     from .durable import Effect
     from .session import Session
+    from .trial import Trial
 
 __all__ = ["Restoring", "RewindResult"]
 
@@ -159,6 +160,34 @@ def rewind(
     anything is written. A restore that fails on damaged data puts the workspace and
     the branch head back as they were.
     """
+    return self._rewind(
+        ref,
+        files=files,
+        state=state,
+        compensate=compensate,
+        artifacts=artifacts,
+        progress=progress,
+        artifacts_to=artifacts_to,
+        recorded_paths=recorded_paths,
+    )
+
+
+def _rewind(
+    self: Session,
+    ref: str,
+    *,
+    files: bool = True,
+    state: bool = True,
+    compensate: bool = False,
+    artifacts: bool | Mapping[str, str | os.PathLike[str] | None] = False,
+    progress: Callable[[int, int], None] | None = None,
+    artifacts_to: str | os.PathLike[str] | None = None,
+    recorded_paths: bool = False,
+    reuse_head: bool = False,
+) -> RewindResult:
+    """:meth:`rewind`; ``reuse_head``: when nothing changed since the branch head (same
+    files, state and journal), the head is the undo point and no safety checkpoint is
+    recorded (a trial rolling back right after its checkpoint)."""
     if not (files or state):
         raise UsageError("rewind needs files, state or both")
     target = self.get(ref)
@@ -184,24 +213,40 @@ def rewind(
     # A state-only rewind run from a directory the branch is not bound to records no
     # files of it: the branch keeps its own directory's files.
     here = files or (self.root is not None and self.bound_root() == str(self.root))
+    before = self._fresh_head() if reuse_head and here and not captured else None
     safety = self.checkpoint(
         kind="pre-rewind",
         message=f"before rewind to {target.id}",
         artifacts=captured,
         progress=progress if captured else None,
         files=here,
+        # Nothing changed since the head (same files, same state, same journal): the head
+        # is the undo point, and no duplicate is recorded.
+        skip_unchanged=before is not None and self._journal_ref(before) == before.journal,
     )
+    reused = before is not None and safety.id == before.id
     extra = {
         "artifacts": {n: str(p) for n, p in plan.items()},
         "captured": sorted(captured),
         "bind": "explicit" if self.explicit_root else None,
     }
     with self._restoring():
-        journal = self._journal(target, safety, files=files, state=state, extra=extra)
+        # A rewind that writes no file (the workspace already holds the target's tree) has
+        # nothing for a crash to interrupt: the head moves in one transaction, unjournaled.
+        writes = bool(plan) or not (
+            files
+            and safety.workspace is not None
+            and target.workspace is not None
+            and safety.workspace.tree == target.workspace.tree
+        )
+        journal = self._journal(
+            target, safety, files=files, state=state, extra=extra, persist=writes
+        )
         try:
             result = self._finish_rewind(journal, safety, recovering=False, progress=progress)
         except (IntegrityError, NotFoundError, RestoreBlocked):
-            self._drop_safety(safety)
+            if not reused:
+                self._drop_safety(safety)
             raise
     result.effects = effects
     result.artifacts = {n: str(p) for n, p in plan.items()}
@@ -240,8 +285,10 @@ def _journal(
     files: bool = True,
     state: bool = True,
     extra: dict[str, Any] | None = None,
+    persist: bool = True,
 ) -> dict[str, Any]:
-    """Record, durably and before touching any file, what a restore is going to do."""
+    """Record, durably and before touching any file, what a restore is going to do
+    (``persist=False``: a restore that writes no file, whose journal stays in memory)."""
     journal = {
         "session": self.name,
         "branch": branch or self.branch,
@@ -253,9 +300,18 @@ def _journal(
         **(extra or {}),
     }
     key = self._journal_key()
-    if key is not None:
+    if key is not None and persist:
         self.store.meta.set_meta(key, json.dumps(journal))
+    journal["persisted"] = persist and key is not None
     return journal
+
+
+def _fresh_head(self: Session) -> Checkpoint | None:
+    """The branch head, if this session's view of it is current (one indexed read)."""
+    head = self.head
+    if head is None or self.store.meta.get_head(self.name, self.branch) != head.id:
+        return None
+    return head
 
 
 def _finish_rewind(
@@ -300,7 +356,7 @@ def _finish_rewind(
                 self.name, self.branch, target.id, current_head, fence=self.fence
             )
         self._head_loaded = False
-        head = self.store.get(target.id)
+        head = target  # (read and verified above)
     else:
         assert safety is not None, "partial rewinds always take a safety checkpoint"
         head = self._compose(journal, target, safety)
@@ -313,7 +369,7 @@ def _finish_rewind(
     if journal.get("checkout"):
         self._set_checkout(journal["branch"])
     key = self._journal_key()
-    if key is not None:
+    if key is not None and journal.get("persisted", True):
         self.store.meta.set_meta(key, None)
     return RewindResult(target, safety or head, head, stats)
 
@@ -619,13 +675,24 @@ def _write_link_file(self: Session, dest: Path, branch: str) -> None:
     (dest / _LINK_FILE).write_text(json.dumps(link) + "\n")
 
 
+def trial(self: Session, ref: str | Checkpoint | None = None) -> Trial:
+    """Try something from checkpoint ``ref`` (default: a checkpoint of the workspace as it
+    is now), then keep it or roll back; use as ``with session.trial(ref) as t: ...``.
+    See :class:`stashpoint.trial.Trial`."""
+    from .trial import Trial
+
+    return Trial(self, ref)
+
+
 class Restoring:
     """The methods above, as :class:`~stashpoint.Session` has them."""
 
     _restoring = _restoring
     _journal_key = _journal_key
     rewind = rewind
+    _rewind = _rewind
     _journal = _journal
+    _fresh_head = _fresh_head
     _finish_rewind = _finish_rewind
     _drop_safety = _drop_safety
     _roll_back = _roll_back
@@ -639,3 +706,4 @@ class Restoring:
     _materialise = _materialise
     _resume_fork_into = _resume_fork_into
     _write_link_file = _write_link_file
+    trial = trial

@@ -342,6 +342,8 @@ class BlobWriter:
         self._seen: set[bytes] = set()
         self._chunk_lists: list[BlobRow] = []
         self._packing: list[Future[list[BlobRow]]] = []
+        self._chunk_jobs: collections.deque[Future[None]] = collections.deque()
+        """Chunk files of large files being written by worker threads."""
         """Packs being written by a worker thread: their rows are sent once they are durable."""
 
     def add(self, data: bytes, digest: bytes | None = None) -> bytes:
@@ -468,8 +470,14 @@ class BlobWriter:
             return digest
         self._seen.add(digest)
         if not self.blobs.has_loose(digest):
-            row = self.blobs.encode(digest, piece)
-            local.put(digest, row.codec, row.size, row.data)  # revives it if condemned
+            # Compressed, written and fsynced by a worker thread while this one reads on (a
+            # snapshot's large files cost two fsyncs a chunk); every one is durable before
+            # the rows naming it are handed to a commit (see _packed).
+            _revive_loose(self.blobs.meta, digest)  # here: one thread uses meta
+            jobs = self._chunk_jobs
+            jobs.append(self.blobs._workers().submit(self._write_chunk, digest, piece))
+            while len(jobs) > _IN_FLIGHT:
+                jobs.popleft().result()
         return digest
 
     def _encode_new(self, *, pack_later: bool = False) -> list[BlobRow]:
@@ -510,6 +518,8 @@ class BlobWriter:
     def _packed(self) -> list[BlobRow]:
         """The rows of every pack handed to a worker, once each is durable (blobs before the
         rows naming them); a failed write raises here."""
+        while self._chunk_jobs:  # chunk files first: durable before anything names them
+            self._chunk_jobs.popleft().result()
         jobs, self._packing = self._packing, []
         return [r for job in jobs for r in job.result()]
 
