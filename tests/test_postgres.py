@@ -88,6 +88,8 @@ def test_an_older_schema_is_upgraded_on_open(pg_url: str, tmp_path: Path) -> Non
         db.execute("DROP FUNCTION sp_commit")
         db.execute("DROP FUNCTION sp_append")
         db.execute("DROP TABLE sp_leases")
+        db.execute("ALTER TABLE sp_heads DROP COLUMN auth")
+        db.execute("ALTER TABLE sp_labels DROP COLUMN auth")
         db.execute("UPDATE sp_version SET version = 2")
     with stashpoint.open(pg_url) as store:
         run = store.session("s")
