@@ -375,3 +375,35 @@ def test_a_rewind_racing_retention_never_leaves_a_pruned_head(pg_url: str) -> No
         ["01X"],
     )
     store.close()
+
+
+def test_a_head_or_label_moved_in_the_database_is_refused_in_a_keyed_store(
+    pg_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The attacker edits sp_heads / sp_labels directly (no key): the MAC on the row fails,
+    on read and in verify. Put back, the store reads again."""
+    import psycopg
+
+    import stashpoint
+    from stashpoint.errors import IntegrityError
+    from stashpoint.verify import verify_store
+
+    monkeypatch.setenv("STASHPOINT_WITNESS_DIR", str(tmp_path / "witness"))
+    key = bytes(range(32))
+    with stashpoint.open(pg_url, key=key) as store:
+        run = store.session("s")
+        ids = [run.checkpoint({"n": i}).id for i in range(4)]
+        run.label(ids[3], "L3")
+    with psycopg.connect(pg_url, autocommit=True) as db:
+        db.execute("UPDATE sp_heads SET checkpoint=%s WHERE session='s'", (ids[1],))
+    with stashpoint.open(pg_url, key=key) as store:
+        assert not verify_store(store).ok
+        with pytest.raises(IntegrityError, match="does not match its MAC"):
+            store.session("s").state()
+    with psycopg.connect(pg_url, autocommit=True) as db:
+        db.execute("UPDATE sp_heads SET checkpoint=%s WHERE session='s'", (ids[3],))
+        db.execute("UPDATE sp_labels SET checkpoint=%s WHERE label='L3'", (ids[0],))
+    with stashpoint.open(pg_url, key=key) as store:
+        assert store.session("s").state() == {"n": 3}
+        with pytest.raises(IntegrityError, match="label 'L3'"):
+            store.resolve("L3", "s")

@@ -158,6 +158,15 @@ class Commit:
     """Stored beside the moved head (same row): the ref's sequence number and MAC
     (:mod:`stashpoint.stores.refauth`); opaque to the backend."""
 
+    def with_head_auth(self, auth: str | None) -> Commit:
+        """This commit with ``head_auth`` set. A copy of its ``__dict__``: a frozen
+        dataclass's constructor (one ``object.__setattr__`` per field) costs ~16k
+        instructions, this a few hundred, once per checkpoint."""
+        new = object.__new__(Commit)
+        new.__dict__.update(self.__dict__)
+        new.__dict__["head_auth"] = auth
+        return new
+
 
 class Fence(NamedTuple):
     """A lease's fencing token: the session it covers and the token it was granted."""

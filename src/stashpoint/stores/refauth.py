@@ -236,12 +236,7 @@ class AuthenticatedRefs(ForwardingStore):
         else:
             seq = self._next_seq(row.session, row.branch, commit.expected_head)
         auth = self.signer.head_auth(row.session, row.branch, row.id, seq)
-        c = commit  # the constructor, not dataclasses.replace: a third of the cost
-        self.inner.commit(
-            Commit(
-                row, c.expected_head, c.append, c.blobs, True, c.gc_epoch, c.fence, c.durable, auth
-            )
-        )
+        self.inner.commit(commit.with_head_auth(auth))
         self.seen[key] = (row.id, seq)
         self.digests[key] = row.digest
 
