@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -15,6 +16,10 @@ import stashpoint
 from stashpoint.testing.engine import tree_of
 
 STASHPOINT = [sys.executable, "-m", "stashpoint"]
+
+# Rollback witnesses (stashpoint.witness) go to a directory of this test run, never to the
+# real home; subprocesses inherit it. Tests of the witness itself point it elsewhere.
+os.environ["STASHPOINT_WITNESS_DIR"] = tempfile.mkdtemp(prefix="stashpoint-witness-")
 
 
 @dataclass

@@ -243,29 +243,37 @@ def test_key_for_a_plaintext_store_with_data_is_refused(tmp_path: Path) -> None:
         assert store.session().state() == {"x": 1}
 
 
-def test_keyed_chain_without_encryption_and_explicit_mac_key_with_it(tmp_path: Path) -> None:
+def test_keyed_chain_without_encryption_and_explicit_mac_key_with_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     with stashpoint.open(tmp_path / "a", key=b"mac key") as store:
         assert store.hasher.keyed and store.cipher is None
         cp = store.session().checkpoint({"x": 1})
     with pytest.raises(UsageError, match="keyed hash chain"):
         stashpoint.open(tmp_path / "a")  # the store says it is keyed
     _drop_integrity_mark(tmp_path / "a" / "store.db")  # as someone who can write it could
+    with pytest.raises(IntegrityError, match="integrity marker was removed"):
+        stashpoint.open(tmp_path / "a")  # the MAC'd ref marker still says keyed
+    _drop_integrity_mark(tmp_path / "a" / "store.db", "integrity:refs")
+    with pytest.raises(IntegrityError, match="was keyed when this user last opened it"):
+        stashpoint.open(tmp_path / "a")  # this user's rollback witness remembers it
+    monkeypatch.setenv("STASHPOINT_WITNESS", "off")  # another user, with neither marker
     with stashpoint.open(tmp_path / "a") as store, pytest.raises(IntegrityError):
         store.get(cp.id)  # an unkeyed reader still cannot verify (or forge) the HMAC chain
     with stashpoint.open(tmp_path / "b", encryption_key=KEY, key=b"mac key") as store:
         cp = store.session().checkpoint({"x": 1})
     with (
+        pytest.raises(IntegrityError, match="names key id"),  # refused as it opens
         stashpoint.open(tmp_path / "b", encryption_key=KEY) as store,
-        pytest.raises(IntegrityError),
     ):
         store.get(cp.id)  # the derived MAC key is not the explicit one
 
 
-def _drop_integrity_mark(db: Path) -> None:
+def _drop_integrity_mark(db: Path, key: str = "integrity") -> None:
     import sqlite3
 
     with sqlite3.connect(db) as con:
-        assert con.execute("DELETE FROM meta WHERE key = 'integrity'").rowcount == 1
+        assert con.execute("DELETE FROM meta WHERE key = ?", (key,)).rowcount == 1
 
 
 # -- damage: moved ciphertexts, planted plaintext -----------------------------------------------
@@ -371,9 +379,15 @@ def test_plaintext_rows_planted_in_an_encrypted_store_are_refused(tmp_path: Path
         store.get(forged.id)
 
 
-def test_removing_the_encryption_marker_does_not_reveal_anything(tmp_path: Path) -> None:
+def test_removing_the_encryption_marker_does_not_reveal_anything(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     a, _b = _two_checkpoints(tmp_path)
     _sql(tmp_path, "DELETE FROM meta WHERE key='encryption'")
+    with pytest.raises(IntegrityError, match="marker was removed"):
+        stashpoint.open(tmp_path / "st")  # the MAC'd ref marker says the chain is keyed
+    _sql(tmp_path, "DELETE FROM meta WHERE key='integrity:refs'")
+    monkeypatch.setenv("STASHPOINT_WITNESS", "off")  # nor a witness that remembers it
     with stashpoint.open(tmp_path / "st") as store, pytest.raises(IntegrityError):
         store.get(a)
 

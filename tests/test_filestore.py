@@ -43,7 +43,7 @@ def test_each_checkpoint_is_a_readable_json_document(tmp_path: Path) -> None:
     ws.mkdir()
     (ws / "a.txt").write_text("hello")
     with stashpoint.open(f"file://{root}") as store:
-        assert isinstance(store.meta, FileStore)
+        assert isinstance(store.refs.inner, FileStore)
         run = store.session("séssion/../x", workspace=ws)
         cp = run.checkpoint({"messages": [{"role": "user", "content": "hi"}], "n": 1}, label="one")
     path = _doc(root, cp.id)

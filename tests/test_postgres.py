@@ -75,12 +75,18 @@ def test_many_processes_opening_a_new_store_at_once_migrate_it_once(pg_url: str)
         assert db.execute("SELECT version FROM sp_version").fetchall() == [(SCHEMA_VERSION,)]
 
 
-def test_an_older_schema_is_upgraded_on_open(pg_url: str, tmp_path: Path) -> None:
-    """A store written by the previous schema version (no leases, no server-side commit)
-    keeps its checkpoints and gains the new parts when a newer stashpoint opens it."""
+def test_an_older_schema_is_upgraded_on_open(
+    pg_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A store written by the previous schema version (no leases, no server-side commit, no
+    ref auth) keeps its checkpoints and gains the new parts when a newer stashpoint opens it."""
     import psycopg
 
     import stashpoint
+
+    # An older version kept no rollback witness; this one must not compare the store, whose
+    # head loses its sequence number below, with what it saw a moment ago.
+    monkeypatch.setenv("STASHPOINT_WITNESS", "off")
 
     with stashpoint.open(pg_url) as store:
         first = store.session("s").checkpoint({"n": 1})
@@ -88,6 +94,8 @@ def test_an_older_schema_is_upgraded_on_open(pg_url: str, tmp_path: Path) -> Non
         db.execute("DROP FUNCTION sp_commit")
         db.execute("DROP FUNCTION sp_append")
         db.execute("DROP TABLE sp_leases")
+        db.execute("ALTER TABLE sp_heads DROP COLUMN auth")
+        db.execute("ALTER TABLE sp_labels DROP COLUMN auth")
         db.execute("UPDATE sp_version SET version = 2")
     with stashpoint.open(pg_url) as store:
         run = store.session("s")
@@ -373,3 +381,35 @@ def test_a_rewind_racing_retention_never_leaves_a_pruned_head(pg_url: str) -> No
         ["01X"],
     )
     store.close()
+
+
+def test_a_head_or_label_moved_in_the_database_is_refused_in_a_keyed_store(
+    pg_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The attacker edits sp_heads / sp_labels directly (no key): the MAC on the row fails,
+    on read and in verify. Put back, the store reads again."""
+    import psycopg
+
+    import stashpoint
+    from stashpoint.errors import IntegrityError
+    from stashpoint.verify import verify_store
+
+    monkeypatch.setenv("STASHPOINT_WITNESS_DIR", str(tmp_path / "witness"))
+    key = bytes(range(32))
+    with stashpoint.open(pg_url, key=key) as store:
+        run = store.session("s")
+        ids = [run.checkpoint({"n": i}).id for i in range(4)]
+        run.label(ids[3], "L3")
+    with psycopg.connect(pg_url, autocommit=True) as db:
+        db.execute("UPDATE sp_heads SET checkpoint=%s WHERE session='s'", (ids[1],))
+    with stashpoint.open(pg_url, key=key) as store:
+        assert not verify_store(store).ok
+        with pytest.raises(IntegrityError, match="does not match its MAC"):
+            store.session("s").state()
+    with psycopg.connect(pg_url, autocommit=True) as db:
+        db.execute("UPDATE sp_heads SET checkpoint=%s WHERE session='s'", (ids[3],))
+        db.execute("UPDATE sp_labels SET checkpoint=%s WHERE label='L3'", (ids[0],))
+    with stashpoint.open(pg_url, key=key) as store:
+        assert store.session("s").state() == {"n": 3}
+        with pytest.raises(IntegrityError, match="label 'L3'"):
+            store.resolve("L3", "s")

@@ -34,7 +34,7 @@ def test_a_process_that_keeps_writing_presizes_the_wal_and_loses_no_frame(
 ) -> None:
     root = tmp_path / "store"
     store = stashpoint.open(root)
-    assert isinstance(store.meta, SqliteStore)
+    assert isinstance(store.refs.inner, SqliteStore)
     session = store.session("s")
     first = session.checkpoint({"step": 0})
     small = _wal(root).stat().st_size

@@ -34,7 +34,7 @@ def _locked_by_someone(path: Path) -> bool:
 
 def test_a_write_transaction_holds_the_turn_and_gives_it_back(tmp_path: Path) -> None:
     store = stashpoint.open(tmp_path)
-    meta = store.meta
+    meta = store.refs.inner
     assert isinstance(meta, SqliteStore)
     seen: list[bool] = []
     meta._tx(lambda db: seen.append(_locked_by_someone(_queue_file(tmp_path))))
@@ -72,7 +72,7 @@ def test_a_forked_child_queues_with_its_own_descriptor(tmp_path: Path) -> None:
     """An inherited descriptor shares the parent's lock: a child using it would walk past a
     parent that holds the turn. The child must open its own and wait."""
     store = stashpoint.open(tmp_path)
-    meta = store.meta
+    meta = store.refs.inner
     assert isinstance(meta, SqliteStore)
     store.session("s").checkpoint({"n": 0})  # the parent's descriptor is open now
     read, write = os.pipe()

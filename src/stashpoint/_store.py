@@ -21,6 +21,7 @@ from .errors import IntegrityError, NotFoundError, PrunedError, UsageError
 from .integrity import ChainHasher
 from .model import Checkpoint
 from .stores.base import CheckpointRow, MetadataStore
+from .stores.refauth import AuthenticatedRefs, RefSigner
 from .stores.registry import ignore_store_dir
 from .urls import DEFAULT_DIR
 
@@ -28,6 +29,7 @@ if TYPE_CHECKING:
     from .crypto import Cipher
     from .lease import Lease
     from .session import Session
+    from .witness import Witness
 
 __all__ = ["DEFAULT_DIR", "Store", "check_not_pruned", "ignore_store_dir"]
 
@@ -79,11 +81,30 @@ class Store:
             raise
         """AES-GCM cipher when the store is encrypted (:mod:`stashpoint.crypto`), else None."""
         if self.cipher is not None:
+            key = key if key is not None else self.cipher.mac_key
+        try:
+            store_id = meta.get_meta(metakeys.STORE_ID)
+            if store_id is None:
+                store_id = uuid.uuid4().hex
+                meta.set_meta(metakeys.STORE_ID, store_id)
+            self.id = store_id
+            self.refs = AuthenticatedRefs(meta, RefSigner(key, store_id))
+            """The ref layer, right above the backend: heads and labels signed and verified
+            (:mod:`.stores.refauth`)."""
+            _check_integrity_key(self.refs, key, explicit=key is not None and self.cipher is None)
+            if key is not None:
+                from .crypto import integrity_key_id
+
+                self.refs.authenticate(integrity_key_id(key))
+        except BaseException:
+            meta.close()
+            raise
+        meta = self.refs
+        if self.cipher is not None:
             from .stores.encrypted import EncryptedLogs
 
             meta = EncryptedLogs(meta, self.cipher)
-            key = key if key is not None else self.cipher.mac_key
-        self.meta = meta
+        self.meta: MetadataStore = meta
         self.group = GroupCommit(meta)
         """Flushes deferred commits on their levels' schedules; shared by this store's sessions."""
         self.wrote = False
@@ -101,17 +122,13 @@ class Store:
         """Files and directories of the store itself: never part of a workspace snapshot
         (a workspace may hold its store; restoring an old copy over it would wipe it)."""
         self.blobs = Blobs(meta, blob_store, cipher=self.cipher)
-        try:
-            _check_integrity_key(meta, key, explicit=key is not None and self.cipher is None)
-        except BaseException:
-            meta.close()
-            raise
+        self.witness: Witness | None = None
+        """The rollback witness (:mod:`stashpoint.witness`), set by :func:`stashpoint.open`."""
         self.hasher = ChainHasher(key, self.cipher)
-        store_id = meta.get_meta(metakeys.STORE_ID)
-        if store_id is None:
-            store_id = uuid.uuid4().hex
-            meta.set_meta(metakeys.STORE_ID, store_id)
-        self.id = store_id
+        from .workspace.statcache import CacheSeal
+
+        self.cache_seal = CacheSeal(key, self.cipher)
+        """Protects workspace stat caches (MAC'd when keyed, encrypted when encrypted)."""
 
     # -- sessions -------------------------------------------------------------------------
     def session(self, name: str = "main", **kwargs: Any) -> Session:
@@ -276,6 +293,8 @@ class Store:
             from .workspace.statcache import flush_saves
 
             flush_saves(10.0)
+            if self.witness is not None:
+                self.witness.save(self.refs.seen, self.refs.digests)
         finally:
             self.meta.close()
             self.blobs.close()  # release the blob directory's lock: a GC may hold it alone now
@@ -352,21 +371,30 @@ def config_hash(config: Any) -> str | None:
     return hashlib.sha256(data).hexdigest()
 
 
-def _check_integrity_key(meta: MetadataStore, key: bytes | None, *, explicit: bool) -> None:
+def _check_integrity_key(refs: AuthenticatedRefs, key: bytes | None, *, explicit: bool) -> None:
     """A keyed store says so (the key's id, never the key): opened without its key, or with
     another, it is refused with a message saying which, instead of every record looking
     damaged. A store first opened with a key is marked keyed. (An encrypted store's chain is
-    keyed by its encryption key, which it checks itself.) Someone who can write the store can
-    remove the mark too: it prevents mistakes, not attacks."""
+    keyed by its encryption key, which it checks itself.) The ref marker
+    (:data:`~stashpoint.metakeys.REF_AUTH`, a MAC over the store id and the key id) tells an
+    altered or removed marker from a wrong key."""
     from . import metakeys
     from .crypto import integrity_key_id
 
+    meta = refs.inner
     recorded = meta.get_meta(metakeys.INTEGRITY)
+    signed = meta.get_meta(metakeys.REF_AUTH)
     if not explicit:
         if recorded is not None and key is None:
             raise UsageError(
                 f"store {meta.url} has a keyed hash chain (key id {recorded}): set "
                 "STASHPOINT_INTEGRITY_KEY or STASHPOINT_INTEGRITY_KEY_FILE, or pass key="
+            )
+        if signed is not None and key is None:
+            raise IntegrityError(
+                f"store {meta.url} has a keyed hash chain, but its integrity marker was "
+                "removed: open it with its key (STASHPOINT_INTEGRITY_KEY or "
+                "STASHPOINT_INTEGRITY_KEY_FILE) to check it"
             )
         return
     assert key is not None
@@ -374,6 +402,11 @@ def _check_integrity_key(meta: MetadataStore, key: bytes | None, *, explicit: bo
     if recorded is None:
         meta.set_meta(metakeys.INTEGRITY, kid)
     elif recorded != kid:
+        if signed is not None and refs.signer.marker_ok(signed, kid):
+            raise IntegrityError(
+                f"store {meta.url}: its integrity marker names key id {recorded}, but the "
+                f"store was signed with this key (id {kid}): the marker was altered"
+            )
         raise UsageError(
             f"wrong integrity key for store {meta.url}: its hash chain is keyed with key id "
             f"{recorded}, the key given has id {kid}"

@@ -391,6 +391,7 @@ async def open(
     mirror: str | os.PathLike[str] | None = None,
     encryption_key: bytes | None = None,
     durability: Durability | str | None = None,
+    accept_rollback: bool | None = None,
     max_workers: int | None = None,
 ) -> AsyncStore:
     """Open a store by URL or path (see :func:`stashpoint.open`) without blocking the loop.
@@ -408,6 +409,7 @@ async def open(
             mirror=mirror,
             encryption_key=encryption_key,
             durability=durability,
+            accept_rollback=accept_rollback,
         ),
     )
     try:

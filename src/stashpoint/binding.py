@@ -50,6 +50,7 @@ def open_workspace(
         cache_dir=store.cache_dir,
         exclude=exclude,
         watch=watch,
+        seal=store.cache_seal,
     )
     return root, ws
 

@@ -15,7 +15,8 @@ stable CLI exit code.
     ├── StoreError                       exit 1   the backend failed (wrapped driver error)
     │   └── SchemaVersionError           exit 1   store written by a newer stashpoint
     ├── IntegrityError                   exit 2   digest mismatch, broken hash chain, missing record
-    │   └── PackMissing                  exit 2   a pack file is not there
+    │   ├── PackMissing                  exit 2   a pack file is not there
+    │   └── RollbackError                exit 2   the store is older than this user's witness
     ├── ConflictError                    exit 3   head moved under us, lease lost
     │   ├── LeaseHeld                    exit 3   another worker owns the session's lease
     │   ├── LeaseLost                    exit 3   this worker's lease was taken over
@@ -55,6 +56,7 @@ __all__ = [
     "RestoreBlocked",
     "RestoreImpossible",
     "RestoreRefused",
+    "RollbackError",
     "SchemaVersionError",
     "SerializationError",
     "StashpointError",
@@ -195,6 +197,17 @@ class MissingExtraError(StashpointError, ImportError):
 
 class PackMissing(IntegrityError):
     """A pack file is not there: damage, or a GC repacked it after the row was read."""
+
+
+class RollbackError(IntegrityError):
+    """A branch head is older than the newest one this user saw (``seen``: its sequence
+    number then; ``now``: now, None if the branch is gone): the store was rolled back
+    (:mod:`stashpoint.witness`)."""
+
+    def __init__(self, message: str, *, seen: int, now: int | None) -> None:
+        super().__init__(message)
+        self.seen = seen
+        self.now = now
 
 
 class ClashError(UsageError):

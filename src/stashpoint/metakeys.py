@@ -30,6 +30,7 @@ __all__ = [
     "MIRROR_BEHIND",
     "MIRROR_FAILED",
     "PLAINTEXT",
+    "REF_AUTH",
     "RESTORE_JOURNAL",
     "RUN",
     "SEALED_ALWAYS",
@@ -63,8 +64,13 @@ INTEGRITY = "integrity"
 """The id (not the key) of the key a keyed hash chain is sealed with: read while opening, to
 tell a missing or wrong key from damaged records."""
 
+REF_AUTH = "integrity:refs"
+"""A keyed store's MAC'd marker (``refs1.<mac>`` over the store id and the key's id): every
+head and label carries a MAC (:mod:`stashpoint.stores.refauth`), and the ``integrity`` marker
+and store id are authentic. Read while opening, below encryption; holds only a MAC."""
+
 PLAINTEXT: frozenset[str] = frozenset(
-    {GC_EPOCH, ENCRYPTION, DURABILITY, STORE_ID, BLOBS_URL, INTEGRITY}
+    {GC_EPOCH, ENCRYPTION, DURABILITY, STORE_ID, BLOBS_URL, INTEGRITY, REF_AUTH}
 )
 """The only meta keys whose values an encrypted store keeps in plaintext."""
 

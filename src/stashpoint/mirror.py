@@ -376,12 +376,15 @@ class _MirroredMeta(ForwardingStore):
         expected: str | None,
         *,
         fence: Fence | None = None,
+        auth: str | None = None,
     ) -> None:
-        self.inner.set_head(session, branch, new, expected, fence=fence)
+        self.inner.set_head(session, branch, new, expected, fence=fence, auth=auth)
         self._then_mirror(lambda rep: rep.heads(session, branch))
 
-    def set_label(self, ident: str, session: str, label: str | None) -> None:
-        self.inner.set_label(ident, session, label)
+    def set_label(
+        self, ident: str, session: str, label: str | None, auth: str | None = None
+    ) -> None:
+        self.inner.set_label(ident, session, label, auth)
         self._then_mirror(lambda rep: rep.labels(session))
 
     def append_log(self, append: LogAppend) -> None:

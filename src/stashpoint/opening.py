@@ -31,6 +31,7 @@ def open_store(
     mirror: str | os.PathLike[str] | None = None,
     encryption_key: bytes | None = None,
     durability: Durability | str | None = None,
+    accept_rollback: bool | None = None,
 ) -> Store:
     """Open a store by URL or path; default ``./.stashpoint`` (SQLite + local blobs).
 
@@ -58,6 +59,11 @@ def open_store(
     required to open an encrypted one (``pip install 'stashpoint[encryption]'``). Encryption
     also keys the chain, with a MAC key derived from the encryption key unless ``key`` is given.
     ``encryption_key=b""`` opens without one, whatever the environment says.
+
+    A persistent store is checked against this user's rollback witness
+    (:mod:`stashpoint.witness`): a branch older than the newest state seen before is
+    :class:`~stashpoint.errors.RollbackError`, unless ``accept_rollback`` (default
+    ``$STASHPOINT_ACCEPT_ROLLBACK``) says the rollback was intended.
     """
     if key is None:
         from .crypto import integrity_key_from_env
@@ -76,7 +82,12 @@ def open_store(
 
         try:
             primary = open_store(
-                url, key=key, blobs=blobs, encryption_key=encryption_key, durability=durability
+                url,
+                key=key,
+                blobs=blobs,
+                encryption_key=encryption_key,
+                durability=durability,
+                accept_rollback=accept_rollback,
             )
         except StoreError as exc:
             raise StoreError(
@@ -117,7 +128,30 @@ def open_store(
     )
     store.own_paths += opened.own_paths
     store.upkeep = _upkeep
+    if parsed.scheme != "memory":
+        try:
+            _attach_witness(store, accept_rollback)
+        except BaseException:
+            store.upkeep_on_close = False
+            store.close()
+            raise
     return store
+
+
+def _attach_witness(store: Store, accept: bool | None) -> None:
+    from .witness import Witness, accept_from_env, witness_dir
+
+    directory = witness_dir()
+    if directory is None:
+        return
+    witness = Witness(
+        store.id,
+        store.refs.signer.key,
+        directory,
+        accept=accept_from_env() if accept is None else accept,
+    )
+    store.witness = witness
+    store.refs.observer = witness
 
 
 def _upkeep(store: Store) -> None:

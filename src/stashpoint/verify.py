@@ -62,8 +62,16 @@ class _Verifier:
         self.report.problems.append(Problem(message, cp, session))
 
     def run(self) -> VerifyReport:
-        for session in self.store.meta.sessions():
+        sessions = self.store.meta.sessions()
+        for session in sessions:
             self.session(session)
+        witness = self.store.witness
+        if witness is not None:
+            for s, b in sorted(witness.heads):
+                if s not in sessions:
+                    lag = witness.lag(s, b, None, None)
+                    if lag is not None:
+                        self.problem(lag.message, lag.seen_head, s)
         return self.report
 
     def session(self, name: str) -> None:
@@ -99,13 +107,42 @@ class _Verifier:
             if len(self.report.problems) > before and cp.id in self.store.meta.pruned(name):
                 del self.report.problems[before:]  # pruned (and collected) while we looked
                 self.report.pruned += 1
-        for branch, head in self.store.meta.branches(name).items():
+        self.refs(name, by_id)
+
+    def refs(self, name: str, by_id: dict[str, Any]) -> None:
+        """Every head and label: its MAC (keyed), its target, and the rollback witness."""
+        refs = self.store.refs
+        witness = self.store.witness
+        heads = refs.inner.head_rows(name)
+        for branch, (head, auth) in heads.items():
+            try:
+                seq = refs.signer.check("head", name, branch, head, auth)
+            except IntegrityError as exc:
+                self.problem(str(exc), head, name)
+                continue
             if head not in by_id:
                 self.problem(
                     f"branch {branch!r} of session {name!r} points to missing checkpoint {head}",
                     head,
                     name,
                 )
+            lag = witness.lag(name, branch, head, seq) if witness is not None else None
+            if lag is not None:
+                self.problem(lag.message, head, name)
+        if witness is not None:
+            for s, b in sorted(witness.heads):
+                if s == name and b not in heads:
+                    lag = witness.lag(s, b, None, None)
+                    if lag is not None:
+                        self.problem(lag.message, lag.seen_head, name)
+        for ident, (label, auth) in refs.inner.label_rows(name).items():
+            try:
+                refs.signer.check("label", name, label, ident, auth)
+            except IntegrityError as exc:
+                self.problem(str(exc), ident, name)
+                continue
+            if ident not in by_id:
+                self.problem(f"label {label!r} is on missing checkpoint {ident}", ident, name)
 
     def contents(self, cp: Checkpoint) -> None:
         for what, ref in (("conversation", cp.state.conversation), ("journal", cp.journal)):

@@ -19,6 +19,8 @@ STASHPOINT_MIRROR (like --mirror).
 STASHPOINT_KEY or STASHPOINT_KEY_FILE (encryption key; see `stashpoint init --new-key`).
 STASHPOINT_INTEGRITY_KEY or STASHPOINT_INTEGRITY_KEY_FILE (key of a keyed hash chain).
 STASHPOINT_DURABILITY: fsync (default), group[:N][,Tms] or exit (see `stashpoint init`).
+STASHPOINT_ACCEPT_ROLLBACK=1 (like --accept-rollback); STASHPOINT_WITNESS_DIR (where the
+rollback witness is kept; default $XDG_STATE_HOME/stashpoint/witness), STASHPOINT_WITNESS=off.
 """
 
 
@@ -190,6 +192,12 @@ COMMANDS: dict[str, tuple[str, str]] = {
     metavar="URL",
     help="Also write every checkpoint to this store; reads fall back to it.",
 )
+@click.option(
+    "--accept-rollback",
+    is_flag=True,
+    help="Open a store that is older than the newest state you saw of it (restored from a "
+    "backup on purpose); without it that is refused, exit 2.",
+)
 @click.version_option(version=__version__, prog_name="stashpoint")
 @click.pass_context
 def cli(
@@ -200,6 +208,7 @@ def cli(
     workspace: str | None,
     force: bool,
     mirror_url: str | None,
+    accept_rollback: bool,
 ) -> None:
     """Save, restore, rewind and fork an AI agent's workspace and state.
 
@@ -210,6 +219,12 @@ def cli(
       stashpoint diff HEAD~1 HEAD            # what changed
       stashpoint rewind HEAD~1               # go back (undoable)
     """
+    if accept_rollback:  # every store this command opens (some open more than one)
+        import os
+
+        from ..witness import ACCEPT_ENV
+
+        os.environ[ACCEPT_ENV] = "1"
     from ._app import (
         Ctx,
     )  # here, not at the top: `stashpoint --help` never runs this (start-up time)

@@ -612,12 +612,19 @@ def label(ctx: Ctx, ref: str, name: str | None, delete: bool) -> None:
     metavar="[URL]",
     help="Also verify the mirror (default: the global --mirror) and compare the two stores.",
 )
+@click.option(
+    "--witness",
+    is_flag=True,
+    help="Also print the rollback witness: where it is and each branch's sequence number.",
+)
 @json_option
 @pass_ctx
-def verify(ctx: Ctx, mirror: str | None) -> None:
+def verify(ctx: Ctx, mirror: str | None, witness: bool) -> None:
     """Check every checkpoint, hash chain, conversation and blob in the store.
 
-    Exits 2 when anything is damaged and names what. With --mirror, verifies both stores and
+    Exits 2 when anything is damaged and names what: also a head or label whose MAC fails
+    (keyed store), and a branch older than this user's rollback witness ("store rolled back
+    from seq N to M"). With --mirror, verifies both stores and
     compares checkpoint ids, digests and heads; exits 2 on damage on either side or records
     that disagree (a mirror that is only behind is reported, exit 0).
 
@@ -636,7 +643,28 @@ def verify(ctx: Ctx, mirror: str | None) -> None:
     store = ctx.store()
     with ByteProgress("verify", enabled=not ctx.json) as progress:
         report = verify_store(store, progress=progress)
-    emit(ctx, report.to_dict())
+    out = report.to_dict()
+    if witness:
+        w = store.witness
+        out["witness"] = (
+            None
+            if w is None
+            else {
+                "path": str(w.path),
+                "keyed": w.key is not None,
+                "branches": [
+                    {"session": s, "branch": b, "seq": seq, "head": head}
+                    for (s, b), (seq, head, _digest) in sorted(w.heads.items())
+                ],
+            }
+        )
+        if not ctx.json:
+            click.echo(
+                "rollback witness: off"
+                if w is None
+                else f"rollback witness {w.path}: {len(w.heads)} branch(es) seen"
+            )
+    emit(ctx, out)
     if not ctx.json:
         for p in report.problems:
             click.echo(click.style("damaged: ", fg="red") + p.message, err=True)

@@ -33,7 +33,7 @@ from .base import (
     lease_lost,
 )
 
-__all__ = ["TABLES", "TABLES_V2", "TABLES_V3", "SqlStore"]
+__all__ = ["TABLES", "TABLES_V2", "TABLES_V3", "TABLES_V4", "SqlStore"]
 
 TABLES = """
 CREATE TABLE IF NOT EXISTS {t}meta(key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -77,6 +77,14 @@ CREATE TABLE IF NOT EXISTS {t}leases(
 """
 """Schema version 3: session leases. A released or expired lease keeps its row, so tokens only
 ever grow and a fenced-off worker can never be confused with a later holder."""
+
+TABLES_V4 = """
+ALTER TABLE {t}heads ADD COLUMN auth TEXT;
+ALTER TABLE {t}labels ADD COLUMN auth TEXT
+"""
+"""Schema version 4: each head and label row carries its sequence number and MAC (``auth``,
+:mod:`stashpoint.stores.refauth`) on the same row, so a checkpoint writes no extra row. NULL:
+written before version 4 (a legacy, unauthenticated ref)."""
 
 _BATCH = 500
 
@@ -257,7 +265,7 @@ class SqlStore(MetadataStore):
                     "exist; snapshot again"
                 )
         if c.move_head and not self._move_head(
-            cur, row.session, row.branch, row.id, c.expected_head
+            cur, row.session, row.branch, row.id, c.expected_head, c.head_auth
         ):
             raise ConflictError(
                 f"branch {row.branch!r} of session {row.session!r} moved; "
@@ -320,6 +328,20 @@ class SqlStore(MetadataStore):
         )
         return str(rows[0][0]) if rows else None
 
+    ref_auth = True
+
+    def head_rows(self, session: str) -> dict[str, tuple[str, str | None]]:
+        rows = self._q("SELECT branch, checkpoint, auth FROM {t}heads WHERE session=?", (session,))
+        return {str(b): (str(c), None if a is None else str(a)) for b, c, a in rows}
+
+    def head_row(self, session: str, branch: str) -> tuple[str, str | None] | None:
+        rows = self._q(
+            "SELECT checkpoint, auth FROM {t}heads WHERE session=? AND branch=?", (session, branch)
+        )
+        if not rows:
+            return None
+        return str(rows[0][0]), None if rows[0][1] is None else str(rows[0][1])
+
     def set_head(
         self,
         session: str,
@@ -328,6 +350,7 @@ class SqlStore(MetadataStore):
         expected: str | None,
         *,
         fence: Fence | None = None,
+        auth: str | None = None,
     ) -> None:
         def do(cur: Any) -> None:
             self._check_fence(cur, fence, session)
@@ -337,7 +360,7 @@ class SqlStore(MetadataStore):
             ).fetchone()
             if got is not None:  # checked by the engine before, but retention may run between
                 raise PrunedError(new, str(got[0]))
-            if not self._move_head(cur, session, branch, new, expected):
+            if not self._move_head(cur, session, branch, new, expected, auth):
                 raise ConflictError(
                     f"branch {branch!r} of session {session!r} moved (expected {expected}); "
                     "another writer got there first"
@@ -346,23 +369,30 @@ class SqlStore(MetadataStore):
         self._tx(do)
 
     def _move_head(
-        self, cur: Any, session: str, branch: str, new: str, expected: str | None
+        self,
+        cur: Any,
+        session: str,
+        branch: str,
+        new: str,
+        expected: str | None,
+        auth: str | None = None,
     ) -> bool:
         """The compare-and-set is the statement's own condition: no read-then-write race."""
         if expected is None:
             res = cur.execute(
                 self.sql(
-                    "INSERT INTO {t}heads(session, branch, checkpoint) VALUES (?, ?, ?) "
+                    "INSERT INTO {t}heads(session, branch, checkpoint, auth) VALUES (?, ?, ?, ?) "
                     "ON CONFLICT DO NOTHING"
                 ),
-                (session, branch, new),
+                (session, branch, new, auth),
             )
         else:
             res = cur.execute(
                 self.sql(
-                    "UPDATE {t}heads SET checkpoint=? WHERE session=? AND branch=? AND checkpoint=?"
+                    "UPDATE {t}heads SET checkpoint=?, auth=? "
+                    "WHERE session=? AND branch=? AND checkpoint=?"
                 ),
-                (new, session, branch, expected),
+                (new, auth, session, branch, expected),
             )
         return bool(res.rowcount == 1)
 
@@ -450,7 +480,9 @@ class SqlStore(MetadataStore):
 
         return self._tx(do)  # type: ignore[no-any-return]
 
-    def set_label(self, ident: str, session: str, label: str | None) -> None:
+    def set_label(
+        self, ident: str, session: str, label: str | None, auth: str | None = None
+    ) -> None:
         if label is None:
             self._tx(self._exec, "DELETE FROM {t}labels WHERE checkpoint=?", (ident,))
             return
@@ -459,10 +491,11 @@ class SqlStore(MetadataStore):
             self._hold_session(cur, session)  # a prune's label check sees this label or none
             cur.execute(
                 self.sql(
-                    "INSERT INTO {t}labels(checkpoint, session, label) VALUES (?, ?, ?) "
-                    "ON CONFLICT (checkpoint) DO UPDATE SET label=excluded.label"
+                    "INSERT INTO {t}labels(checkpoint, session, label, auth) "
+                    "VALUES (?, ?, ?, ?) ON CONFLICT (checkpoint) "
+                    "DO UPDATE SET label=excluded.label, auth=excluded.auth"
                 ),
-                (ident, session, label),
+                (ident, session, label, auth),
             )
 
         self._tx(do)
@@ -470,6 +503,10 @@ class SqlStore(MetadataStore):
     def labels(self, session: str) -> dict[str, str]:
         rows = self._q("SELECT checkpoint, label FROM {t}labels WHERE session=?", (session,))
         return {str(c): str(label) for c, label in rows}
+
+    def label_rows(self, session: str) -> dict[str, tuple[str, str | None]]:
+        rows = self._q("SELECT checkpoint, label, auth FROM {t}labels WHERE session=?", (session,))
+        return {str(c): (str(lab), None if a is None else str(a)) for c, lab, a in rows}
 
     # -- maintenance ----------------------------------------------------------------------
     def iter_checkpoints(self) -> Iterator[CheckpointRow]:

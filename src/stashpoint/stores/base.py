@@ -154,6 +154,18 @@ class Commit:
     """False: the commit may return before it is on disk (a deferred durability level, see
     :mod:`stashpoint.durability`); :meth:`MetadataStore.flush` makes it durable later. A
     backend that cannot defer ignores it (it is then more durable than asked, never less)."""
+    head_auth: str | None = None
+    """Stored beside the moved head (same row): the ref's sequence number and MAC
+    (:mod:`stashpoint.stores.refauth`); opaque to the backend."""
+
+    def with_head_auth(self, auth: str | None) -> Commit:
+        """This commit with ``head_auth`` set. A copy of its ``__dict__``: a frozen
+        dataclass's constructor (one ``object.__setattr__`` per field) costs ~16k
+        instructions, this a few hundred, once per checkpoint."""
+        new = object.__new__(Commit)
+        new.__dict__.update(self.__dict__)
+        new.__dict__["head_auth"] = auth
+        return new
 
 
 class Fence(NamedTuple):
@@ -361,7 +373,15 @@ class CheckpointRecords(Protocol):
 
 
 class Refs(Protocol):
-    """Branch heads (compare-and-set) and labels."""
+    """Branch heads (compare-and-set) and labels.
+
+    Each head and label row carries an optional ``auth`` string (a sequence number and a
+    MAC, :mod:`stashpoint.stores.refauth`) written and returned with it; the backend stores it
+    on the same row and never interprets it. ``None``: a row written before refs carried one,
+    or by a backend without :attr:`ref_auth`."""
+
+    ref_auth: bool = False
+    """Whether this backend stores the ``auth`` string of head and label rows."""
 
     @abstractmethod
     def branches(self, session: str) -> dict[str, str]:
@@ -369,6 +389,14 @@ class Refs(Protocol):
 
     def get_head(self, session: str, branch: str) -> str | None:
         return self.branches(session).get(branch)
+
+    def head_rows(self, session: str) -> dict[str, tuple[str, str | None]]:
+        """Branch name -> (head checkpoint id, its ``auth`` string or None)."""
+        return {b: (c, None) for b, c in self.branches(session).items()}
+
+    def head_row(self, session: str, branch: str) -> tuple[str, str | None] | None:
+        """One branch's (head checkpoint id, ``auth``), or None if it has no head."""
+        return self.head_rows(session).get(branch)
 
     @abstractmethod
     def set_head(
@@ -379,15 +407,22 @@ class Refs(Protocol):
         expected: str | None,
         *,
         fence: Fence | None = None,
+        auth: str | None = None,
     ) -> None:
         """Compare-and-set a branch head; ConflictError when it is not ``expected``."""
 
     @abstractmethod
-    def set_label(self, ident: str, session: str, label: str | None) -> None: ...
+    def set_label(
+        self, ident: str, session: str, label: str | None, auth: str | None = None
+    ) -> None: ...
 
     @abstractmethod
     def labels(self, session: str) -> dict[str, str]:
         """Checkpoint id -> current label."""
+
+    def label_rows(self, session: str) -> dict[str, tuple[str, str | None]]:
+        """Checkpoint id -> (label, its ``auth`` string or None)."""
+        return {c: (label, None) for c, label in self.labels(session).items()}
 
 
 class Leases(Protocol):

@@ -454,6 +454,21 @@ class FileStore(FileDir, MetadataStore):
         heads: dict[str, dict[str, str]] = self._read_json("heads.json", {})
         return heads
 
+    ref_auth = True
+    """Refs' ``auth`` strings live in ``heads.auth.json`` and ``labels.auth.json``, written in
+    the same atomic batch as the refs (older versions ignore them; their ref writes then leave
+    a stale ``auth`` behind, which a keyed store reports as a moved ref)."""
+
+    def _head_auth_writes(self, session: str, branch: str, auth: str | None) -> tuple[str, bytes]:
+        auths: dict[str, dict[str, str | None]] = self._read_json("heads.auth.json", {})
+        auths.setdefault(session, {})[branch] = auth
+        return "heads.auth.json", _pretty(auths)
+
+    def head_rows(self, session: str) -> dict[str, tuple[str, str | None]]:
+        heads = self._heads().get(session, {})
+        auths = self._read_json("heads.auth.json", {}).get(session, {})
+        return {b: (c, auths.get(b)) for b, c in heads.items()}
+
     def commit(self, commit: Commit) -> None:
         row = commit.row
         self._check_name("checkpoint id", row.id)
@@ -486,6 +501,8 @@ class FileStore(FileDir, MetadataStore):
             if commit.move_head:
                 heads.setdefault(row.session, {})[row.branch] = row.id
                 writes["heads.json"] = _pretty(heads)
+                name, data = self._head_auth_writes(row.session, row.branch, commit.head_auth)
+                writes[name] = data
             self._apply(writes)
             self._where[row.id] = self.root / rel
         self.writers.end()
@@ -502,6 +519,7 @@ class FileStore(FileDir, MetadataStore):
         expected: str | None,
         *,
         fence: Fence | None = None,
+        auth: str | None = None,
     ) -> None:
         with self._locked():
             self._check_fence(fence, session)
@@ -516,7 +534,8 @@ class FileStore(FileDir, MetadataStore):
                     f"(expected {expected}); another writer got there first"
                 )
             heads.setdefault(session, {})[branch] = new
-            self._apply({"heads.json": _pretty(heads)})
+            name, data = self._head_auth_writes(session, branch, auth)
+            self._apply({"heads.json": _pretty(heads), name: data})
 
     # -- leases (clock: this machine's; the file lock orders them) ------------------------
     def _leases(self) -> dict[str, list[Any]]:
@@ -569,14 +588,24 @@ class FileStore(FileDir, MetadataStore):
             return None
         return LeaseInfo(session, str(got[0]), int(got[1]), float(got[2]) - time.time())
 
-    def set_label(self, ident: str, session: str, label: str | None) -> None:
+    def set_label(
+        self, ident: str, session: str, label: str | None, auth: str | None = None
+    ) -> None:
         with self._locked():
             labels = self._read_json("labels.json", {})
+            auths = self._read_json("labels.auth.json", {})
             if label is None:
                 labels.pop(ident, None)
+                auths.pop(ident, None)
             else:
                 labels[ident] = [session, label]
-            self._apply({"labels.json": _pretty(labels)})
+                auths[ident] = auth
+            self._apply({"labels.json": _pretty(labels), "labels.auth.json": _pretty(auths)})
+
+    def label_rows(self, session: str) -> dict[str, tuple[str, str | None]]:
+        labels = self._read_json("labels.json", {})
+        auths = self._read_json("labels.auth.json", {})
+        return {i: (lab, auths.get(i)) for i, (s, lab) in labels.items() if s == session}
 
     def labels(self, session: str) -> dict[str, str]:
         labels = self._read_json("labels.json", {})

@@ -133,6 +133,12 @@ class ForwardRefs(_Forwarder):
     def get_head(self, session: str, branch: str) -> str | None:
         return self.inner.get_head(session, branch)
 
+    def head_rows(self, session: str) -> dict[str, tuple[str, str | None]]:
+        return self.inner.head_rows(session)
+
+    def head_row(self, session: str, branch: str) -> tuple[str, str | None] | None:
+        return self.inner.head_row(session, branch)
+
     def set_head(
         self,
         session: str,
@@ -141,14 +147,20 @@ class ForwardRefs(_Forwarder):
         expected: str | None,
         *,
         fence: Fence | None = None,
+        auth: str | None = None,
     ) -> None:
-        self.inner.set_head(session, branch, new, expected, fence=fence)
+        self.inner.set_head(session, branch, new, expected, fence=fence, auth=auth)
 
-    def set_label(self, ident: str, session: str, label: str | None) -> None:
-        self.inner.set_label(ident, session, label)
+    def set_label(
+        self, ident: str, session: str, label: str | None, auth: str | None = None
+    ) -> None:
+        self.inner.set_label(ident, session, label, auth)
 
     def labels(self, session: str) -> dict[str, str]:
         return self.inner.labels(session)
+
+    def label_rows(self, session: str) -> dict[str, tuple[str, str | None]]:
+        return self.inner.label_rows(session)
 
 
 class ForwardLeases(_Forwarder):
@@ -235,4 +247,5 @@ class ForwardingStore(
         self.defers_commits = inner.defers_commits
         self.atomic_unlink = inner.atomic_unlink
         self.capabilities = inner.capabilities
+        self.ref_auth = inner.ref_auth
         self.writers = inner.writers  # shared: the backend's commit ends a write begun here

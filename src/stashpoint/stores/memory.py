@@ -29,6 +29,8 @@ __all__ = ["MemoryStore"]
 
 
 class MemoryStore(MetadataStore):
+    ref_auth = True
+
     def __init__(self) -> None:
         super().__init__()
         self.url = "memory://"
@@ -41,6 +43,8 @@ class MemoryStore(MetadataStore):
         self._checkpoints: dict[str, CheckpointRow] = {}
         self._heads: dict[tuple[str, str], str] = {}
         self._labels: dict[str, tuple[str, str]] = {}
+        self._head_auth: dict[tuple[str, str], str | None] = {}
+        self._label_auth: dict[str, str | None] = {}
         self._pruned: dict[str, tuple[str, str]] = {}  # id -> (session, at)
         self._condemned: dict[bytes, float] = {}
         self._leases: dict[str, tuple[str, int, float]] = {}  # session -> owner, token, expires
@@ -128,6 +132,7 @@ class MemoryStore(MetadataStore):
             self._checkpoints[row.id] = row
             if commit.move_head:
                 self._heads[key] = row.id
+                self._head_auth[key] = commit.head_auth
         self.writers.end()
 
     def get_checkpoint(self, ident: str) -> CheckpointRow | None:
@@ -205,6 +210,7 @@ class MemoryStore(MetadataStore):
         expected: str | None,
         *,
         fence: Fence | None = None,
+        auth: str | None = None,
     ) -> None:
         with self._lock:
             self._check_fence(fence, session)
@@ -217,13 +223,34 @@ class MemoryStore(MetadataStore):
                     f"(expected {expected}); another writer got there first"
                 )
             self._heads[(session, branch)] = new
+            self._head_auth[(session, branch)] = auth
 
-    def set_label(self, ident: str, session: str, label: str | None) -> None:
+    def head_rows(self, session: str) -> dict[str, tuple[str, str | None]]:
+        with self._lock:
+            return {
+                b: (c, self._head_auth.get((s, b)))
+                for (s, b), c in self._heads.items()
+                if s == session
+            }
+
+    def set_label(
+        self, ident: str, session: str, label: str | None, auth: str | None = None
+    ) -> None:
         with self._lock:
             if label is None:
                 self._labels.pop(ident, None)
+                self._label_auth.pop(ident, None)
             else:
                 self._labels[ident] = (session, label)
+                self._label_auth[ident] = auth
+
+    def label_rows(self, session: str) -> dict[str, tuple[str, str | None]]:
+        with self._lock:
+            return {
+                i: (lab, self._label_auth.get(i))
+                for i, (s, lab) in self._labels.items()
+                if s == session
+            }
 
     def labels(self, session: str) -> dict[str, str]:
         with self._lock:

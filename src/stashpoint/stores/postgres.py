@@ -43,12 +43,12 @@ from ..errors import (
     StoreError,
     UsageError,
 )
-from ._sql import TABLES, TABLES_V2, TABLES_V3, SqlStore, _digest
+from ._sql import TABLES, TABLES_V2, TABLES_V3, TABLES_V4, SqlStore, _digest
 from .base import Commit, LogAppend
 
 __all__ = ["PostgresStore"]
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 _LOCK_KEY = 0x5354_4153_4850_4F49  # "STASHPOI": serialises concurrent migrations
 
 FUNCTIONS = """
@@ -105,7 +105,7 @@ CREATE OR REPLACE FUNCTION sp_commit(
     p_move_head BOOLEAN, p_expected TEXT, p_gc_epoch TEXT, p_fence_session TEXT,
     p_fence BIGINT, p_log TEXT, p_log_new BOOLEAN, p_log_session TEXT, p_log_parent TEXT,
     p_log_parent_len BIGINT, p_log_start BIGINT, p_chains BYTEA[], p_datas BYTEA[],
-    p_digests BYTEA[], p_codecs INTEGER[], p_sizes BIGINT[], p_blobs BYTEA[]
+    p_digests BYTEA[], p_codecs INTEGER[], p_sizes BIGINT[], p_blobs BYTEA[], p_head_auth TEXT
 ) RETURNS TEXT LANGUAGE plpgsql AS $$
 DECLARE
     v_epoch TEXT;
@@ -120,10 +120,10 @@ BEGIN
     END IF;
     IF p_move_head THEN
         IF p_expected IS NULL THEN
-            INSERT INTO sp_heads(session, branch, checkpoint) VALUES (p_session, p_branch, p_id)
-                ON CONFLICT DO NOTHING;
+            INSERT INTO sp_heads(session, branch, checkpoint, auth)
+                VALUES (p_session, p_branch, p_id, p_head_auth) ON CONFLICT DO NOTHING;
         ELSE
-            UPDATE sp_heads SET checkpoint = p_id
+            UPDATE sp_heads SET checkpoint = p_id, auth = p_head_auth
                 WHERE session = p_session AND branch = p_branch AND checkpoint = p_expected;
         END IF;
         GET DIAGNOSTICS v_rows = ROW_COUNT;
@@ -152,11 +152,24 @@ END $$
 """One round trip per checkpoint (and per journal append); the same checks as SqlStore's."""
 
 
+_DROP_V3_COMMIT = (
+    "DROP FUNCTION IF EXISTS sp_commit(TEXT, TEXT, TEXT, TEXT, BYTEA, TEXT, BOOLEAN, TEXT, "
+    "TEXT, TEXT, BIGINT, TEXT, BOOLEAN, TEXT, TEXT, BIGINT, BIGINT, BYTEA[], BYTEA[], BYTEA[], "
+    "INTEGER[], BIGINT[], BYTEA[])"
+)
+
 MIGRATIONS: list[str] = [  # index = version - 1
     TABLES.format(t="sp_", blob="BYTEA"),
     TABLES_V2.format(t="sp_", blob="BYTEA"),
-    TABLES_V3.format(t="sp_", blob="BYTEA") + ";" + FUNCTIONS,
+    TABLES_V3.format(t="sp_", blob="BYTEA"),
+    TABLES_V4.format(t="sp_", blob="BYTEA").replace("ADD COLUMN", "ADD COLUMN IF NOT EXISTS")
+    + ";"
+    + _DROP_V3_COMMIT
+    + ";"
+    + FUNCTIONS,
 ]
+"""The functions are (re)created by the newest migration: version 4 gave ``sp_commit`` the
+head's ``auth`` argument (dropping version 3's, whose signature differs)."""
 
 # The two statements on the hot path (a checkpoint, a journal append) are sent straight
 # through libpq (``PGconn.exec_params``, the GIL released while it waits) with their parameters
@@ -168,7 +181,7 @@ _BYTEA_ARRAY, _INT4_ARRAY, _INT8_ARRAY = 1001, 1007, 1016
 _COMMIT_TYPES = (
     *(_TEXT, _TEXT, _TEXT, _TEXT, _BYTEA, _TEXT, _BOOL, _TEXT, _TEXT, _TEXT, _INT8),
     *(_TEXT, _BOOL, _TEXT, _TEXT, _INT8, _INT8, _BYTEA_ARRAY, _BYTEA_ARRAY),
-    *(_BYTEA_ARRAY, _INT4_ARRAY, _INT8_ARRAY, _BYTEA_ARRAY),
+    *(_BYTEA_ARRAY, _INT4_ARRAY, _INT8_ARRAY, _BYTEA_ARRAY, _TEXT),
 )
 _APPEND_TYPES = (_TEXT, _BOOL, _TEXT, _TEXT, _INT8, _INT8, _BYTEA_ARRAY, _BYTEA_ARRAY, _TEXT, _INT8)
 
@@ -476,6 +489,7 @@ class PostgresStore(SqlStore):
                 [int(b.codec) for b in blobs],
                 [b.size for b in blobs],
                 [b.data for b in blobs],
+                c.head_auth,
             ),
         )
         self.note_gc_epoch(str(epoch) if epoch is not None else "0")

@@ -90,7 +90,8 @@ return out
 # ARGV: prefix, id, session, branch, parent, body, digest, move_head, expected,
 #       log, start, new_log(0/1), log_parent, log_parent_len, n_msgs, n_blobs,
 #       check_epoch(0/1), gc_epoch, lease key ('' = unfenced), lease token,
-#       then n_msgs (chain..data) values, then n_blobs (digest, packed) pairs.
+#       then n_msgs (chain..data) values, then n_blobs (digest, packed) pairs, then the
+#       head's auth string ('' = none).
 _COMMIT = (
     _LEASE_CHECK
     + _LOG_CHECK
@@ -138,6 +139,12 @@ redis.call('ZADD', p .. 'cps:' .. session, 0, id)
 redis.call('ZADD', p .. 'cpids', 0, id)
 if move == '1' then
   redis.call('HSET', p .. 'heads:' .. session, branch, id)
+  local auth = ARGV[base + 2 * nblobs + 1]
+  if auth and auth ~= '' then
+    redis.call('HSET', p .. 'headauth:' .. session, branch, auth)
+  else
+    redis.call('HDEL', p .. 'headauth:' .. session, branch)
+  end
   redis.call('SADD', p .. 'sessions', session)
 end
 return 'ok'
@@ -275,6 +282,11 @@ if redis.call('HEXISTS', KEYS[3], ARGV[2]) == 1 then return -3 end
 local cur = redis.call('HGET', KEYS[1], ARGV[1])
 if (ARGV[3] == '' and cur) or (ARGV[3] ~= '' and cur ~= ARGV[3]) then return 0 end
 redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
+if ARGV[8] and ARGV[8] ~= '' then
+  redis.call('HSET', KEYS[4], ARGV[1], ARGV[8])
+else
+  redis.call('HDEL', KEYS[4], ARGV[1])
+end
 redis.call('SADD', KEYS[2], ARGV[4])
 return 1
 """
@@ -461,6 +473,7 @@ class RedisStore(MetadataStore):
         ]
         for b in commit.blobs:
             args += [b.digest.hex(), _pack(b)]
+        args.append(commit.head_auth or "")
         result = self._call(self._commit, args=args)
         self._raise_if_fenced(result, commit.fence, r.session)
         if result == b"conflict:gc_epoch":
@@ -511,6 +524,18 @@ class RedisStore(MetadataStore):
         h = self._call(self._r.hgetall, self._k("heads:", session))
         return {b.decode(): c.decode() for b, c in h.items()}
 
+    ref_auth = True  # in headauth:<session>, labelauth:<session>, written with the ref
+
+    def head_rows(self, session: str) -> dict[str, tuple[str, str | None]]:
+        pipe = self._r.pipeline(transaction=True)
+        pipe.hgetall(self._k("heads:", session))
+        pipe.hgetall(self._k("headauth:", session))
+        heads, auths = self._call(pipe.execute)
+        return {
+            b.decode(): (c.decode(), a.decode() if (a := auths.get(b)) is not None else None)
+            for b, c in heads.items()
+        }
+
     def set_head(
         self,
         session: str,
@@ -519,10 +544,16 @@ class RedisStore(MetadataStore):
         expected: str | None,
         *,
         fence: Fence | None = None,
+        auth: str | None = None,
     ) -> None:
         ok = self._call(
             self._set_head,
-            keys=[self._k("heads:", session), self._k("sessions"), self._k("pruned:", session)],
+            keys=[
+                self._k("heads:", session),
+                self._k("sessions"),
+                self._k("pruned:", session),
+                self._k("headauth:", session),
+            ],
             args=[
                 branch,
                 new,
@@ -530,6 +561,7 @@ class RedisStore(MetadataStore):
                 session,
                 *self._fence_args(fence),
                 self._k("lease:", session),
+                auth or "",
             ],
         )
         if ok == -1 and fence is not None:
@@ -592,11 +624,29 @@ class RedisStore(MetadataStore):
             return None
         return LeaseInfo(session, got[0].decode(), int(got[1]), int(got[2]) / 1000)
 
-    def set_label(self, ident: str, session: str, label: str | None) -> None:
-        if label is None:
-            self._call(self._r.hdel, self._k("labels:", session), ident)
+    def set_label(
+        self, ident: str, session: str, label: str | None, auth: str | None = None
+    ) -> None:
+        pipe = self._r.pipeline(transaction=True)  # MULTI: the label and its auth together
+        if label is not None:
+            pipe.hset(self._k("labels:", session), ident, label)
         else:
-            self._call(self._r.hset, self._k("labels:", session), ident, label)
+            pipe.hdel(self._k("labels:", session), ident)
+        if label is not None and auth:
+            pipe.hset(self._k("labelauth:", session), ident, auth)
+        else:
+            pipe.hdel(self._k("labelauth:", session), ident)
+        self._call(pipe.execute)
+
+    def label_rows(self, session: str) -> dict[str, tuple[str, str | None]]:
+        pipe = self._r.pipeline(transaction=True)
+        pipe.hgetall(self._k("labels:", session))
+        pipe.hgetall(self._k("labelauth:", session))
+        labels, auths = self._call(pipe.execute)
+        return {
+            i.decode(): (lab.decode(), a.decode() if (a := auths.get(i)) is not None else None)
+            for i, lab in labels.items()
+        }
 
     def labels(self, session: str) -> dict[str, str]:
         h = self._call(self._r.hgetall, self._k("labels:", session))

@@ -27,7 +27,7 @@ from ..errors import (
     StashpointError,
     StoreError,
 )
-from ._sql import TABLES, TABLES_V2, TABLES_V3, SqlStore
+from ._sql import TABLES, TABLES_V2, TABLES_V3, TABLES_V4, SqlStore
 from .base import Commit
 
 try:
@@ -37,7 +37,7 @@ except ImportError:  # pragma: no cover - Windows: SQLite's own locking only
 
 __all__ = ["SqliteStore"]
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 WAL_GROW_AFTER = 3
 """Checkpoints a connection commits before it pre-sizes the WAL: a CLI run that commits once
 or twice never pays for it (~6 ms for 4 MiB), an agent loop pays once, at its third."""
@@ -47,6 +47,7 @@ MIGRATIONS: list[str] = [  # index = version - 1
     TABLES.format(t="", blob="BLOB"),
     TABLES_V2.format(t="", blob="BLOB"),
     TABLES_V3.format(t="", blob="BLOB"),
+    TABLES_V4.format(t="", blob="BLOB"),
 ]
 
 

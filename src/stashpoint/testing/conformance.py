@@ -282,6 +282,25 @@ class CoreConformance(_Tier):
         ms.set_label("01A", "s", None)
         assert ms.labels("s") == {}
 
+    def test_ref_auth_is_kept_on_the_ref_row(self, ms: MetadataStore) -> None:
+        """A backend that declares ``ref_auth`` returns each ref's ``auth`` string as written
+        (heads by commit and by set_head, labels), and None where none was given."""
+        if not ms.ref_auth:
+            pytest.skip("the backend does not store ref auth strings")
+        ms.commit(Commit(_row("01A"), None, head_auth="1.aa"))
+        assert ms.head_rows("s") == {"main": ("01A", "1.aa")}
+        ms.commit(Commit(_row("01B", "01A"), "01A", head_auth="2.bb"))
+        assert ms.head_row("s", "main") == ("01B", "2.bb")
+        ms.set_head("s", "main", "01A", "01B", auth="3.cc")
+        ms.set_head("s", "fork", "01B", None)
+        assert ms.head_rows("s") == {"main": ("01A", "3.cc"), "fork": ("01B", None)}
+        ms.set_label("01A", "s", "green", "1.dd")
+        assert ms.label_rows("s") == {"01A": ("green", "1.dd")}
+        ms.set_label("01A", "s", "blue")
+        assert ms.label_rows("s") == {"01A": ("blue", None)}
+        ms.set_label("01A", "s", None)
+        assert ms.label_rows("s") == {} and ms.labels("s") == {}
+
     def test_unicode_and_binary_bodies(self, ms: MetadataStore) -> None:
         row = CheckpointRow("01U", "séssion ☃", "brånch", None, bytes(range(256)), "d" * 64)
         ms.commit(Commit(row, None))

@@ -16,7 +16,7 @@ from ..model import TreeEntry
 from ..stores.base import BlobRow
 from .restore import Restorer, RestoreStats, clean_temp_files
 from .scan import Progress, Scanner, ScanResult
-from .statcache import StatCache, load_shared, save_later
+from .statcache import CacheSeal, StatCache, load_shared, save_later
 from .tree import Change, TreeReader, shared_reader
 from .watch import Watcher, watch_supported
 
@@ -97,8 +97,11 @@ class Workspace:
         cache_dir: Path | None,
         exclude: tuple[Path, ...] = (),
         watch: bool = False,
+        seal: CacheSeal | None = None,
     ) -> None:
         self.root = root
+        self._seal = seal
+        """Protects the stat cache file in a keyed or encrypted store (see statcache)."""
         self.watcher: Watcher | None = None
         if watch and watch_supported():
             self.watcher = Watcher(os.fsencode(root))
@@ -119,9 +122,11 @@ class Workspace:
         # watcher's events are relative to.
         if self._cache_path is None or (self.watcher is not None and self._mem_cache is not None):
             if self._mem_cache is None:
-                self._mem_cache = StatCache(self._store_id, self._epoch, str(self.root))
+                self._mem_cache = StatCache(self._store_id, self._epoch, str(self.root), self._seal)
             return self._mem_cache
-        return load_shared(self._cache_path, self._store_id, self._epoch, str(self.root))
+        return load_shared(
+            self._cache_path, self._store_id, self._epoch, str(self.root), self._seal
+        )
 
     def scan(self, *, progress: Progress | None = None) -> tuple[ScanResult, list[BlobRow]]:
         """Snapshot the directory; returns the result and the blob rows still to commit."""

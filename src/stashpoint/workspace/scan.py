@@ -197,7 +197,7 @@ class Scanner:
         self.root = root
         self.writer = writer
         self.old = cache
-        self.new = StatCache(cache.store_id, cache.epoch, cache.root)
+        self.new = StatCache(cache.store_id, cache.epoch, cache.root, cache.seal)
         self.watcher = watcher
         if watcher is not None and not watcher.everything:
             # Skipped subtrees keep their entries; scanned directories overwrite theirs.

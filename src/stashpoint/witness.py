@@ -1,0 +1,221 @@
+"""The rollback witness: the newest state of each branch this user has seen, kept outside the
+store.
+
+Every record in a store can be genuine and every ref MAC valid, and the store still be *old*:
+an attacker (or a careless restore) can put back an earlier copy of the whole store, or drop
+its newest checkpoints and move the heads back with the rows they had then. Nothing inside the
+store can tell; something outside it can. Each head carries a sequence number that grows with
+every move (:mod:`stashpoint.stores.refauth`); the witness remembers, per store id, the
+highest sequence number (and its head, and the head's record digest when known) this user has
+seen for each branch, in ``$STASHPOINT_WITNESS_DIR`` or
+``$XDG_STATE_HOME/stashpoint/witness/<store id>.json`` (default ``~/.local/state/…``). It is
+updated when a store opened with :func:`stashpoint.open` closes, and MAC'd with the store's
+key when there is one.
+
+Reading a head older than the witness is :class:`~stashpoint.errors.RollbackError` ("store
+rolled back from seq N to M"), unless the user accepts it (``accept_rollback=True``, CLI
+``--accept-rollback``, or ``STASHPOINT_ACCEPT_ROLLBACK=1``): the witness then follows the
+store back. The same sequence number with another head is damage (a forged or forked tip),
+never lag. A witness records a keyed store as keyed: opening it later without its key is
+refused. ``STASHPOINT_WITNESS=off`` disables the witness.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import hmac
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from .errors import IntegrityError, RollbackError
+
+__all__ = ["ACCEPT_ENV", "DIR_ENV", "Lag", "Witness", "witness_dir"]
+
+DIR_ENV = "STASHPOINT_WITNESS_DIR"
+ACCEPT_ENV = "STASHPOINT_ACCEPT_ROLLBACK"
+OFF_ENV = "STASHPOINT_WITNESS"
+_DOMAIN = b"stashpoint-witness-v1\0"
+
+
+def witness_dir() -> Path | None:
+    """Where witnesses live (None: disabled by ``STASHPOINT_WITNESS=off``)."""
+    if os.environ.get(OFF_ENV, "").lower() in ("off", "0", "no", "false"):
+        return None
+    explicit = os.environ.get(DIR_ENV)
+    if explicit:
+        return Path(explicit)
+    state = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
+    return Path(state) / "stashpoint" / "witness"
+
+
+def accept_from_env() -> bool:
+    return os.environ.get(ACCEPT_ENV, "").lower() in ("1", "yes", "true", "on")
+
+
+@dataclass(frozen=True)
+class Lag:
+    """One branch whose head in the store differs from what the witness saw."""
+
+    session: str
+    branch: str
+    seen_seq: int
+    seen_head: str
+    seq: int | None
+    """The store's sequence number now (None: the branch is gone)."""
+    head: str | None
+    rolled_back: bool
+    """True: older than the witness (rollback); False: same sequence, another head (damage)."""
+
+    @property
+    def message(self) -> str:
+        where = f"branch {self.branch!r} of session {self.session!r}"
+        if not self.rolled_back:
+            return (
+                f"{where} is at sequence {self.seq} with head {self.head}, but this user saw "
+                f"head {self.seen_head} at that sequence: a forged or forked tip"
+            )
+        if self.seq is None:
+            return (
+                f"store rolled back from seq {self.seen_seq}: {where} (head {self.seen_head} "
+                "when this user last saw it) is gone"
+            )
+        return (
+            f"store rolled back from seq {self.seen_seq} to {self.seq}: {where} was at head "
+            f"{self.seen_head} when this user last saw it, and is at {self.head} now"
+        )
+
+
+class Witness:
+    """One store's witness file: checked as heads are read, updated when the store closes."""
+
+    def __init__(
+        self, store_id: str, key: bytes | None, directory: Path, *, accept: bool = False
+    ) -> None:
+        self.store_id = store_id
+        self.key = key
+        self.path = directory / f"{store_id}.json"
+        self.accept = accept
+        self.accepted: list[Lag] = []
+        """Rollbacks accepted while this store was open (the witness follows them back)."""
+        self.heads: dict[tuple[str, str], tuple[int, str, str | None]] = {}
+        """(session, branch) -> (seq, head, record digest or None) as last seen."""
+        self.keyed = False
+        self._load()
+        if self.keyed and key is None:
+            raise IntegrityError(
+                f"store {store_id} was keyed when this user last opened it, and is opened "
+                "without a key now: its integrity markers were removed, or the key is missing "
+                f"(witness {self.path})"
+            )
+
+    def _mac(self, body: dict[str, Any]) -> str:
+        assert self.key is not None
+        data = _DOMAIN + json.dumps(body, sort_keys=True).encode()
+        return hmac.new(self.key, data, hashlib.sha256).hexdigest()
+
+    def _load(self) -> None:
+        try:
+            raw = json.loads(self.path.read_text())
+        except FileNotFoundError:
+            return
+        except (OSError, ValueError) as exc:
+            raise IntegrityError(f"the rollback witness {self.path} is unreadable: {exc}") from None
+        body = {k: v for k, v in raw.items() if k != "mac"}
+        self.keyed = bool(raw.get("keyed"))
+        if (
+            self.keyed
+            and self.key is not None
+            and not hmac.compare_digest(str(raw.get("mac", "")), self._mac(body))
+        ):
+            raise IntegrityError(
+                f"the rollback witness {self.path} does not match its MAC under this "
+                "store's key: it was altered (delete it to start over)"
+            )
+        for name, (seq, head, digest) in raw.get("heads", {}).items():
+            session, _, branch = name.partition("\n")
+            self.heads[(session, branch)] = (int(seq), str(head), digest)
+
+    # -- checks -----------------------------------------------------------------------------
+    def lag(self, session: str, branch: str, head: str | None, seq: int | None) -> Lag | None:
+        seen = self.heads.get((session, branch))
+        if seen is None:
+            return None
+        if seq is None or seq < seen[0]:
+            return Lag(session, branch, seen[0], seen[1], seq, head, rolled_back=True)
+        if seq == seen[0] and head != seen[1]:
+            return Lag(session, branch, seen[0], seen[1], seq, head, rolled_back=False)
+        return None
+
+    def observe(self, session: str, branch: str, head: str, seq: int) -> None:
+        """A head was read: refuse one older than the witness (unless accepted)."""
+        lag = self.lag(session, branch, head, seq)
+        if lag is None:
+            return
+        if not lag.rolled_back:
+            raise IntegrityError(lag.message, checkpoint=head)
+        if not self.accept:
+            raise RollbackError(
+                f"{lag.message}; if you restored this store on purpose, accept it with "
+                f"--accept-rollback (or {ACCEPT_ENV}=1)",
+                seen=lag.seen_seq,
+                now=seq,
+            )
+        self.accepted.append(lag)
+        self.heads[(session, branch)] = (seq, head, None)
+
+    def observe_session(self, session: str, branches: set[str]) -> None:
+        """All branches of a session were read: one the witness saw must not be gone."""
+        for s, b in list(self.heads):
+            if s == session and b not in branches:
+                lag = self.lag(s, b, None, None)
+                assert lag is not None
+                if not self.accept:
+                    raise RollbackError(
+                        f"{lag.message}; accept it with --accept-rollback (or {ACCEPT_ENV}=1)",
+                        seen=lag.seen_seq,
+                        now=None,
+                    )
+                self.accepted.append(lag)
+                del self.heads[(s, b)]
+
+    # -- saving -----------------------------------------------------------------------------
+    def save(
+        self,
+        seen: dict[tuple[str, str], tuple[str, int]],
+        digests: dict[tuple[str, str], str],
+    ) -> None:
+        """Merge what this store object saw (never moving a branch back, unless accepted)."""
+        changed = bool(self.accepted) or (self.key is not None and not self.keyed)
+        for ref, (head, seq) in seen.items():
+            if seq <= 0:
+                continue
+            old = self.heads.get(ref)
+            if old is None or seq > old[0]:
+                self.heads[ref] = (seq, head, digests.get(ref))
+                changed = True
+            elif seq == old[0] and old[2] is None and ref in digests:
+                self.heads[ref] = (seq, head, digests[ref])
+                changed = True
+        if not changed:
+            return
+        body: dict[str, Any] = {
+            "store": self.store_id,
+            "keyed": self.key is not None,
+            "heads": {f"{s}\n{b}": list(v) for (s, b), v in sorted(self.heads.items())},
+        }
+        if self.key is not None:
+            body["mac"] = self._mac(body)
+        self.path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
+        try:
+            with open(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w") as f:
+                json.dump(body, f, sort_keys=True)
+            os.replace(tmp, self.path)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+            raise
