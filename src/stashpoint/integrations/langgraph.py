@@ -100,9 +100,7 @@ from typing import Any, NamedTuple, cast
 import msgspec
 
 from ..errors import MissingExtraError
-from ..langgraph_format import (
-    RECORD_META as _META,
-)
+from ..langgraph_format import RECORD_META as _META
 from ..langgraph_format import (
     _decompressor,
     _pack,
@@ -1148,7 +1146,6 @@ class StashpointSaver(BaseCheckpointSaver[int]):
         return e.writes
 
     # -- internals: pending writes -------------------------------------------------------
-
     def _writes_of(self, th: _Thread, key: _CpKey, reader: _Reader) -> dict[_WriteKey, _Write]:
         """A checkpoint's writes: those moved into later records (its children's, mostly),
         then the pending ones (where a special channel's latest write wins)."""
