@@ -680,3 +680,16 @@ def test_an_empty_store_open_elsewhere_without_a_key_is_not_encrypted_under_it(
         assert store.cipher is not None
         store.session("a").checkpoint({"note": "secret words"})
     assert b"secret words" not in b"".join(p.read_bytes() for p in fresh.rglob("*") if p.is_file())
+
+
+def test_a_sessions_application_value_is_sealed(tmp_path: Path) -> None:
+    """Store.session_value keeps the key the LangGraph saver always used, sealed."""
+    from stashpoint.metakeys import LANGGRAPH_PENDING, langgraph_pending_key
+
+    with stashpoint.open(tmp_path / "st", encryption_key=KEY) as store:
+        store.set_session_value("t", LANGGRAPH_PENDING, '{"w": "swordfish"}')
+        assert store.session_value("t", LANGGRAPH_PENDING) == '{"w": "swordfish"}'
+        with pytest.raises(UsageError, match="no session value named"):
+            store.session_value("t", "nope")
+    [(raw,)] = _sql(tmp_path, f"SELECT value FROM meta WHERE key='{langgraph_pending_key('t')}'")
+    assert raw.startswith("sealed:") and "swordfish" not in raw

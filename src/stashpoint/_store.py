@@ -7,7 +7,7 @@ import contextlib
 import hashlib
 import json
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -19,8 +19,8 @@ from .blobs.objects import Blobs
 from .durability import DURABILITY_META, Durability, GroupCommit, resolve
 from .errors import IntegrityError, NotFoundError, PrunedError, UsageError
 from .integrity import ChainHasher
-from .model import Checkpoint
-from .stores.base import CheckpointRow, MetadataStore
+from .model import Checkpoint, utc_now_iso
+from .stores.base import CheckpointRow, Fence, LogInfo, MessageRow, MetadataStore
 from .stores.refauth import AuthenticatedRefs, RefSigner
 from .stores.registry import ignore_store_dir
 from .urls import DEFAULT_DIR
@@ -145,6 +145,76 @@ class Store:
         that decodes nothing: a session object caches its head, and this tells a caller
         whether another writer has moved it since."""
         return self.meta.get_head(session, branch)
+
+    def branches(self, session: str) -> dict[str, str]:
+        """Branch -> head id of a session, as stored now (one read: for a caller that
+        tells whether another writer moved a head since it looked)."""
+        return self.meta.branches(session)
+
+    def start_branch(
+        self, session: str, branch: str, at: str, *, fence: Fence | None = None
+    ) -> None:
+        """Start ``branch`` of ``session`` at checkpoint ``at`` (its head, nothing copied).
+
+        The store checks what it checks for every head a session moves: the branch must not
+        exist yet (:class:`ConflictError`), ``at`` must not be pruned, and the write carries
+        ``fence`` (a session's lease token) or, without one, is refused while another worker
+        holds a live lease on the session (:class:`LeaseHeld`)."""
+        self.meta.set_head(session, branch, at, None, fence=fence)
+
+    def record_ids(self, session: str) -> list[str]:
+        """Ids of every record of a session, newest first (an index read: nothing decoded)."""
+        return [row.id for row in self.meta.list_checkpoints(session)]
+
+    def records(self, session: str) -> list[Checkpoint]:
+        """Every record of a session, newest first, each verified with its link in the hash
+        chain (:meth:`get` for all of them, reading each parent row once)."""
+        rows = self.meta.list_checkpoints(session)
+        by_id = {r.id: r for r in rows}
+        out = []
+        for row in rows:
+            try:
+                cp = self.open_row(row)
+                if cp.parent is not None:
+                    prow = by_id.get(cp.parent) or self.meta.get_checkpoint(cp.parent)
+                    if prow is None or prow.digest != cp.parent_digest:
+                        what = "is missing" if prow is None else "was altered"
+                        raise IntegrityError(
+                            f"checkpoint {cp.id} is broken: its parent {cp.parent} {what}",
+                            checkpoint=cp.id,
+                        )
+            except IntegrityError as exc:
+                raise self.with_last_good(exc, row) from None
+            out.append(cp)
+        return out
+
+    def pruned(self, session: str) -> dict[str, str]:
+        """Checkpoint id -> when retention released its contents, for one session."""
+        return self.meta.pruned(session)
+
+    def prune(self, session: str, ids: Iterable[str]) -> list[str]:
+        """Release the contents of checkpoints of ``session`` (their records stay and still
+        verify; GC frees what only they reference); returns the ids newly marked. Heads and
+        labelled checkpoints are skipped; refused while another worker holds the lease."""
+        return self.meta.mark_pruned(session, sorted(ids), utc_now_iso())
+
+    def session_value(self, session: str, name: str) -> str | None:
+        """An application's value kept for ``session`` (a name of
+        :data:`~stashpoint.metakeys.SESSION_VALUES`), sealed in an encrypted store."""
+        return self.meta.get_meta(_session_value_key(session, name))
+
+    def set_session_value(self, session: str, name: str, value: str | None) -> None:
+        """Set (None: delete) an application's value kept for ``session``."""
+        self.meta.set_meta(_session_value_key(session, name), value)
+
+    def log_info(self, log: str) -> LogInfo | None:
+        """A conversation log's header (its session, fork parent and length), or None."""
+        return self.meta.log_info(log)
+
+    def read_messages(self, log: str, start: int, stop: int) -> list[MessageRow]:
+        """Rows ``start <= idx < stop`` of a log's own messages, as stored (each with its
+        running hash, for the caller to check; sealed rows come back opened)."""
+        return self.meta.read_messages(log, start, stop)
 
     def lease(
         self,
@@ -426,3 +496,11 @@ def check_not_pruned(store: Store, cp: Checkpoint | Sequence[Checkpoint]) -> Non
             marks = by_session[c.session] = store.meta.pruned(c.session)
         if c.id in marks:
             raise PrunedError(c.id, marks[c.id])
+
+
+def _session_value_key(session: str, name: str) -> str:
+    try:
+        return metakeys.SESSION_VALUES[name](session)
+    except KeyError:
+        known = ", ".join(sorted(metakeys.SESSION_VALUES))
+        raise UsageError(f"no session value named {name!r} (known: {known})") from None

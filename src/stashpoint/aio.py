@@ -331,6 +331,16 @@ class AsyncStore:
     set_durability = _awaited(Store.set_durability)
     durability_report = _awaited(Store.durability_report)
     head_id = _awaited(Store.head_id)
+    branches = _awaited(Store.branches)
+    start_branch = _awaited(Store.start_branch)
+    record_ids = _awaited(Store.record_ids)
+    records = _awaited(Store.records)
+    pruned = _awaited(Store.pruned)
+    prune = _awaited(Store.prune)
+    session_value = _awaited(Store.session_value)
+    set_session_value = _awaited(Store.set_session_value)
+    log_info = _awaited(Store.log_info)
+    read_messages = _awaited(Store.read_messages)
 
     @property
     def cache_dir(self) -> Path | None:

@@ -261,7 +261,7 @@ def edit(
     if branch in self.branches():
         raise UsageError(f"branch {branch!r} already exists in session {self.name!r}")
     command = Journal(self).last_command  # a resume on the new branch runs the same program
-    self.store.meta.set_head(self.name, branch, target.id, None, fence=self.fence)
+    self.store.start_branch(self.name, branch, target.id, fence=self.fence)
     other = type(self)(
         self.store,
         self.name,

@@ -17,6 +17,9 @@ import zstandard
 
 from .errors import IntegrityError, SerializationError
 
+RECORD_META = "langgraph"
+"""The key of a record's meta the saver writes: ``{"id", "p", "ns"}`` of a put, ``{"removed":
+why}`` of its marker of removed checkpoints (readers tell the saver's records by it)."""
 _MAX_PAYLOAD = 512 * 1024 * 1024
 _ZSTD_MIN = 64
 _codecs = threading.local()

@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 from . import serde
 from .errors import StashpointError
+from .langgraph_format import RECORD_META as _META
 from .langgraph_format import _unpack
 
 if TYPE_CHECKING:
@@ -40,9 +41,8 @@ __all__ = [
     "load_ref",
 ]
 
-# The saver's layout (see stashpoint.integrations.langgraph): record meta key, the state value
+# The saver's layout (see stashpoint.integrations.langgraph): the state value
 # holding LangGraph's fields, and the prefix of a channel's state key.
-_META = "langgraph"
 _DETAILS = "langgraph"
 _VALUE = "ch:"
 _BLOB = "blob:"

@@ -34,6 +34,7 @@ __all__ = [
     "RESTORE_JOURNAL",
     "RUN",
     "SEALED_ALWAYS",
+    "SESSION_VALUES",
     "STORE_ID",
     "UPKEEP",
     "UPKEEP_LAST",
@@ -113,6 +114,10 @@ def compensation_key(session: str, branch: str) -> str:
 
 def langgraph_pending_key(session: str) -> str:
     return f"{LANGGRAPH_PENDING}{session}"
+
+
+SESSION_VALUES = {LANGGRAPH_PENDING: langgraph_pending_key}
+"""Per-session application values (:meth:`stashpoint.Store.session_value`): name -> key."""
 
 
 def checkout_key(session: str, directory: object) -> str:

@@ -82,7 +82,6 @@ Needs ``pip install 'stashpoint[langgraph]'``.
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import builtins
 import contextlib
@@ -101,6 +100,7 @@ from typing import Any, NamedTuple, cast
 import msgspec
 
 from ..errors import MissingExtraError
+from ..langgraph_format import RECORD_META as _META
 from ..langgraph_format import (
     _decompressor,
     _pack,
@@ -130,11 +130,12 @@ except ImportError as exc:
 
 from .. import serde
 from .._store import Store
+from ..aio import SerialQueue
 from ..conversation import fields_of, snapshot
 from ..errors import IntegrityError, SerializationError, UsageError
 from ..integrity import EMPTY_CHAIN
-from ..metakeys import langgraph_pending_key
-from ..model import Checkpoint, LogRef, utc_now_iso
+from ..metakeys import LANGGRAPH_PENDING
+from ..model import Checkpoint, LogRef
 from ..opening import open_store
 from ..redact import Redactor, make_redactor
 from ..session import (
@@ -143,7 +144,7 @@ from ..session import (
     StashpointWarning,
     same_prefix,
 )
-from ..stores.base import BlobRow, MetadataStore
+from ..stores.base import BlobRow
 from ..workspace import ScanResult, Workspace, check_root
 from ..workspace.statcache import StatCache
 
@@ -152,7 +153,6 @@ __all__ = ["FILES_BRANCH", "StashpointSaver"]
 FILES_BRANCH = "langgraph-files"
 """Branch where :meth:`StashpointSaver.restore_files` records its safety and rewind
 checkpoints (outside LangGraph's lines of history)."""
-_META = "langgraph"  # record meta key: {"id", "p", "ns"} of a put, {"removed": why} otherwise
 _DETAILS = "langgraph"  # state key of a put's LangGraph fields
 _CONV_KEY = "messages"  # the stashpoint session's conversation key
 _DURABILITY = "__pregel_durability"  # where LangGraph's configurable says how it saves
@@ -401,7 +401,7 @@ class _Views:
 class _Reader:
     def __init__(self, saver: StashpointSaver) -> None:
         self.saver = saver
-        self.meta: MetadataStore = saver.store.meta
+        self.store = saver.store
         self.views: dict[str, _View] = {}
         self.values: dict[str, Any] = {}
         self.packed: dict[str, bytes] = {}
@@ -413,7 +413,7 @@ class _Reader:
             if len(v.rows) >= length:
                 return v
         if v is None:
-            info = self.meta.log_info(log)
+            info = self.store.log_info(log)
             if info is None:
                 raise IntegrityError(f"conversation log {log} is missing")
             own = info.parent_len if info.parent is not None else 0
@@ -427,7 +427,7 @@ class _Reader:
     def _extend(self, log: str, v: _View, length: int) -> _View:
         start = len(v.rows)
         if length > start:
-            rows = self.meta.read_messages(log, start, length)
+            rows = self.store.read_messages(log, start, length)
             if len(rows) != length - start or any(r.idx != start + i for i, r in enumerate(rows)):
                 raise IntegrityError(f"conversation log {log} has missing messages")
             # integrity.message_chain on bytes, not hex: H(prev || message)
@@ -615,6 +615,7 @@ class StashpointSaver(BaseCheckpointSaver[int]):
         self._files_lock = threading.RLock()
         self._files_ws: _Files | None = None
         self._ahead: OrderedDict[int, _Ahead] = OrderedDict()
+        self._calls = [SerialQueue() for _ in range(8)]  # async calls, by thread id: _queue
 
     # -- stashpoint views ----------------------------------------------------------------
     def session_name(self, thread_id: str) -> str:
@@ -652,7 +653,7 @@ class StashpointSaver(BaseCheckpointSaver[int]):
                 bind=self.bind,
             )
             result = files.rewind(entry.id, state=False)
-            th.heads = self.store.meta.branches(th.session)
+            th.heads = self.store.branches(th.session)
             th.restored = entry.id  # a replay from there need not (and must not) restore again
             return result
 
@@ -920,14 +921,21 @@ class StashpointSaver(BaseCheckpointSaver[int]):
                         if e.ns not in latest or e.cpid > latest[e.ns].cpid:
                             latest[e.ns] = e
                     doomed -= {e.id for e in latest.values()}
-                    doomed -= set(self.store.meta.pruned(th.session))
+                    doomed -= set(self.store.pruned(th.session))
                 if doomed:
                     self._remove(th, doomed, reason="prune", everything=everything)
 
     # -- async: the same operations in a worker thread -----------------------------------
+    def _queue(self, thread: Any) -> SerialQueue:
+        """Where a thread's async calls run, one at a time in the order made (other threads'
+        mostly beside them): calls without a thread share one queue."""
+        if isinstance(thread, dict):
+            thread = (thread.get("configurable") or {}).get("thread_id")
+        return self._calls[hash(str(thread)) % len(self._calls)]
+
     async def aget_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
         self._note_loop(config)  # here: the worker thread runs in a copy of this context
-        return await asyncio.to_thread(self.get_tuple, config)
+        return await self._queue(config).call(self.get_tuple, config)
 
     async def alist(
         self,
@@ -940,7 +948,7 @@ class StashpointSaver(BaseCheckpointSaver[int]):
         def collect() -> builtins.list[CheckpointTuple]:
             return builtins.list(self.list(config, filter=filter, before=before, limit=limit))
 
-        for tup in await asyncio.to_thread(collect):
+        for tup in await self._queue(config).call(collect):
             yield tup
 
     async def aput(
@@ -950,7 +958,7 @@ class StashpointSaver(BaseCheckpointSaver[int]):
         metadata: CheckpointMetadata,
         new_versions: ChannelVersions,
     ) -> RunnableConfig:
-        return await asyncio.to_thread(self.put, config, checkpoint, metadata, new_versions)
+        return await self._queue(config).call(self.put, config, checkpoint, metadata, new_versions)
 
     async def aput_writes(
         self,
@@ -959,22 +967,22 @@ class StashpointSaver(BaseCheckpointSaver[int]):
         task_id: str,
         task_path: str = "",
     ) -> None:
-        await asyncio.to_thread(self.put_writes, config, writes, task_id, task_path)
+        await self._queue(config).call(self.put_writes, config, writes, task_id, task_path)
 
     async def adelete_thread(self, thread_id: str) -> None:
-        await asyncio.to_thread(self.delete_thread, thread_id)
+        await self._queue(thread_id).call(self.delete_thread, thread_id)
 
     async def adelete_for_runs(self, run_ids: Sequence[str]) -> None:
-        await asyncio.to_thread(self.delete_for_runs, run_ids)
+        await self._queue(None).call(self.delete_for_runs, run_ids)
 
     async def acopy_thread(self, source_thread_id: str, target_thread_id: str) -> None:
-        await asyncio.to_thread(self.copy_thread, source_thread_id, target_thread_id)
+        await self._queue(None).call(self.copy_thread, source_thread_id, target_thread_id)
 
     async def aprune(self, thread_ids: Sequence[str], *, strategy: str = "keep_latest") -> None:
-        await asyncio.to_thread(self.prune, thread_ids, strategy=strategy)
+        await self._queue(None).call(self.prune, thread_ids, strategy=strategy)
 
     async def arestore_files(self, config: RunnableConfig) -> RewindResult:
-        return await asyncio.to_thread(self.restore_files, config)
+        return await self._queue(config).call(self.restore_files, config)
 
     # -- lifecycle ----------------------------------------------------------------------
     def close(self) -> None:
@@ -1007,7 +1015,7 @@ class StashpointSaver(BaseCheckpointSaver[int]):
             if not th.loaded:
                 self._load(th)
             elif check:
-                if self.store.meta.branches(th.session) != th.heads:
+                if self.store.branches(th.session) != th.heads:
                     self._load(th)
                 else:
                     self._merge_stored_pending(th)
@@ -1015,28 +1023,15 @@ class StashpointSaver(BaseCheckpointSaver[int]):
 
     def _load(self, th: _Thread) -> None:
         """(Re)build a thread's index from its records, each verified with its chain link."""
-        meta, store = self.store.meta, self.store
-        heads = meta.branches(th.session)
-        rows = meta.list_checkpoints(th.session)
-        pruned = set(meta.pruned(th.session)) if rows else set()
-        by_id = {r.id: r for r in rows}
+        store = self.store
+        heads = store.branches(th.session)
+        records = store.records(th.session)
+        pruned = set(store.pruned(th.session)) if records else set()
         th.entries, th.records, th.known, th.holders = {}, {}, set(), {}
         th.removed, th.pending, th.pending_raw = set(), {}, None
         th.caches, th.last_read, th.held = {}, None, {}
         th.branches = {b: s for b, s in th.branches.items() if b in heads}
-        for row in reversed(rows):
-            try:
-                cp = store.open_row(row)
-                if cp.parent is not None:
-                    prow = by_id.get(cp.parent) or meta.get_checkpoint(cp.parent)
-                    if prow is None or prow.digest != cp.parent_digest:
-                        what = "is missing" if prow is None else "was altered"
-                        raise IntegrityError(
-                            f"checkpoint {cp.id} is broken: its parent {cp.parent} {what}",
-                            checkpoint=cp.id,
-                        )
-            except IntegrityError as exc:
-                raise store.with_last_good(exc, row) from None
+        for cp in reversed(records):
             lg = cp.meta.get(_META)
             if not isinstance(lg, dict):
                 continue
@@ -1152,9 +1147,6 @@ class StashpointSaver(BaseCheckpointSaver[int]):
         return e.writes
 
     # -- internals: pending writes -------------------------------------------------------
-    def _pending_key(self, th: _Thread) -> str:
-        return langgraph_pending_key(th.session)
-
     def _writes_of(self, th: _Thread, key: _CpKey, reader: _Reader) -> dict[_WriteKey, _Write]:
         """A checkpoint's writes: those moved into later records (its children's, mostly),
         then the pending ones (where a special channel's latest write wins)."""
@@ -1170,7 +1162,7 @@ class StashpointSaver(BaseCheckpointSaver[int]):
 
     def _merge_stored_pending(self, th: _Thread) -> None:
         """Take in writes another process stored since we last looked (ours stay)."""
-        raw = self.store.meta.get_meta(self._pending_key(th))
+        raw = self.store.session_value(th.session, LANGGRAPH_PENDING)
         if raw == th.pending_raw:
             return
         th.pending_raw = raw
@@ -1207,15 +1199,14 @@ class StashpointSaver(BaseCheckpointSaver[int]):
             for (ns, cpid), writes in th.pending.items()
             for w in writes.values()
         ]
-        key = self._pending_key(th)
         if not rows:
             if th.pending_raw is not None:
-                self.store.meta.set_meta(key, None)
+                self.store.set_session_value(th.session, LANGGRAPH_PENDING, None)
                 th.pending_raw = None
             return
         body = json.dumps(rows, separators=(",", ":"))
         raw = json.dumps({"w": body, "mac": self.store.hasher.digest(body.encode())})
-        self.store.meta.set_meta(key, raw)
+        self.store.set_session_value(th.session, LANGGRAPH_PENDING, raw)
         th.pending_raw = raw
 
     def _dumps(self, value: Any) -> bytes:
@@ -1490,7 +1481,7 @@ class StashpointSaver(BaseCheckpointSaver[int]):
         branch, fork = self._branch_for(th, ns, cpid, pe)
         if fork:
             assert pe is not None
-            self.store.meta.set_head(th.session, branch, pe.id, None)
+            self.store.start_branch(th.session, branch, pe.id)
             th.heads[branch] = pe.id
         session = self._session(th, branch, ns)
         # A fork checkpoint (a replay's first) is a copy of its parent, files included; a copy
@@ -1570,7 +1561,7 @@ class StashpointSaver(BaseCheckpointSaver[int]):
     def _all_records(self, th: _Thread) -> set[str]:
         """Every record of the thread's session: LangGraph's and the bookkeeping around them
         (rewinds of time travel and ``restore_files``, earlier ``removed`` heads)."""
-        return {row.id for row in self.store.meta.list_checkpoints(th.session)}
+        return set(self.store.record_ids(th.session))
 
     def _uses_delta(self, thread_id: str) -> bool:
         """Whether a checkpoint of the thread has DeltaChannel counters in its metadata
@@ -1612,7 +1603,7 @@ class StashpointSaver(BaseCheckpointSaver[int]):
             if everything or key in gone:
                 del th.pending[key]
         self._save_pending(th)
-        for branch, head in self.store.meta.branches(th.session).items():
+        for branch, head in self.store.branches(th.session).items():
             if head not in th.removed and (everything or head in doomed):
                 Session(self.store, th.session, branch=branch, redact=False).checkpoint(
                     {},
@@ -1621,7 +1612,7 @@ class StashpointSaver(BaseCheckpointSaver[int]):
                     meta={_META: {"removed": reason}},
                 )
         if doomed:
-            self.store.meta.mark_pruned(th.session, sorted(doomed), utc_now_iso())
+            self.store.prune(th.session, doomed)
         self._load(th)
 
     # -- internals: reading ------------------------------------------------------------

@@ -234,3 +234,37 @@ class EngineConformance:
                 second = run_b.checkpoint({"by": "b"})
             assert second.parent == first.id
             assert [c.id for c in store.session("job").history()] == [second.id, first.id]
+
+    def test_store_operations_for_integrations(self, store_url: str) -> None:
+        """What the integrations use instead of the backend: branches, starting a branch
+        (fenced like a session's head moves), verified records, pruning and a session's
+        application value."""
+        from ..errors import ConflictError
+        from ..metakeys import LANGGRAPH_PENDING
+
+        with _store.open_store(store_url) as store:
+            run = store.session("ops")
+            one = run.checkpoint({"n": 1})
+            two = run.checkpoint({"n": 2})
+            assert store.branches("ops") == {"main": two.id}
+            store.start_branch("ops", "side", one.id)
+            assert store.branches("ops") == {"main": two.id, "side": one.id}
+            with pytest.raises(ConflictError):
+                store.start_branch("ops", "side", two.id)  # a branch that exists
+            assert [c.id for c in store.records("ops")] == store.record_ids("ops")
+            assert store.record_ids("ops") == [two.id, one.id]
+            assert store.prune("ops", [one.id, two.id]) == []  # both are heads
+            store.session("ops", branch="side").checkpoint({"n": 3})
+            assert store.prune("ops", [one.id]) == [one.id]
+            assert set(store.pruned("ops")) == {one.id}
+            assert store.session_value("ops", LANGGRAPH_PENDING) is None
+            store.set_session_value("ops", LANGGRAPH_PENDING, '{"w": []}')
+            assert store.session_value("ops", LANGGRAPH_PENDING) == '{"w": []}'
+            assert store.session_value("other", LANGGRAPH_PENDING) is None
+            store.set_session_value("ops", LANGGRAPH_PENDING, None)
+            assert store.session_value("ops", LANGGRAPH_PENDING) is None
+            with store.lease("ops", ttl=30, owner="holder") as lease:
+                with pytest.raises(LeaseHeld):  # an unfenced head move waits for the lease
+                    store.start_branch("ops", "stray", two.id)
+                store.start_branch("ops", "fenced", two.id, fence=lease.fence)
+            assert store.branches("ops")["fenced"] == two.id

@@ -9,6 +9,7 @@ import stat
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
+from ..langgraph_format import RECORD_META
 from ..statediff import readable_state, render_message, short_text
 from .data import (
     effects_in,
@@ -78,7 +79,7 @@ def checkpoint_body(s: Session, cp: Checkpoint, params: Mapping[str, str], frame
     if messages is not None:
         body += _section("Conversation", f"{len(messages)} messages", _chat(messages))
     body += _section("State", f"{len(state)} keys", _state_tree(state))
-    notes = {k: v for k, v in cp.meta.items() if k != "langgraph"}
+    notes = {k: v for k, v in cp.meta.items() if k != RECORD_META}
     if notes:  # who decided or edited what, compensations run, a run's command...
         body += _section("Record", f"{len(notes)} notes", _state_tree(notes), closed=True)
     if cp.workspace is not None:
