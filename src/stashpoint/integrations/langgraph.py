@@ -1415,9 +1415,11 @@ class StashpointSaver(BaseCheckpointSaver[int]):
         else:  # each list copied once (the parent's stay as they are: other caches hold them)
             n = same_prefix(views, old_views)
             items, kept = old_items[:n], old_views[:n]
-        if n < len(msgs):
-            items.extend([_text(self._dumps(m)) for m in msgs[n:]])
+        if n < len(msgs):  # copies first: a node that runs on while this put does (durability
+            # "async") may change a message in place; then the stored form is the newer one and
+            # the next put, comparing with the older copy, stores the change again, never misses it
             kept.extend(map(snapshot, views[n:]))
+            items.extend([_text(self._dumps(m)) for m in msgs[n:]])
         return items, n, kept
 
     def _embed(
