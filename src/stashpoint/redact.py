@@ -187,6 +187,7 @@ class Redactor:
         self._keys_rx = _key_rx(extra_keys) if extra_keys else SECRET_KEYS
         last_words = (re.split(r"[_\-. ]", _normal_key(k))[-1] for k in extra_keys)
         self._gate_words = _GATE_WORDS + tuple(w for w in last_words if w)
+        self._gate_ends = frozenset(c for w in self._gate_words for c in (w[-1], w[-1].upper()))
         self._key_cache: dict[str, bool] = {}
         self._clean_keys: set[str] = set()
         self._clean: set[str] = set()
@@ -360,11 +361,18 @@ class Redactor:
     def _assignments(self, text: str) -> str:
         """Values assigned to secret-named keys in free text (env dumps, .env and YAML lines,
         headers, JSON log lines, CLI flags), replaced; code stays (see :data:`_CODE_LIKE`)."""
-        words = self._gate_words
+        words, ends = self._gate_words, self._gate_ends
         for op in "=:":
             i = text.find(op)
             while i >= 0:
-                if text[max(0, i - 24) : i].rstrip(_TRAILING).lower().endswith(words):
+                j = i - 1  # the character a key would end with ("step 0:" ends with no word)
+                while j >= 0 and text[j] in _TRAILING:
+                    j -= 1
+                if (
+                    j >= 0
+                    and (text[j] in ends or not text[j].isascii())  # lower() may map it
+                    and text[max(0, i - 24) : i].rstrip(_TRAILING).lower().endswith(words)
+                ):
                     return self._assigned(text)
                 i = text.find(op, i + 1)
         return text
