@@ -110,3 +110,60 @@ def test_corpus_secrets_never_reach_the_store_bytes(tmp_path: Path) -> None:
     assert canary.encode() in raw, "the store holds values readable as bytes"
     leaked = [s["provider"] for s in picked if s["secret"].encode() in raw]
     assert leaked == []
+
+
+def _long_runs_and_unicode(seed: int = 7) -> list[str]:
+    """Texts around the run-length boundaries of the rules (a word of exactly n characters
+    for every n up to 100), non-ASCII text, and messages of 50 to 500 bytes."""
+    import random
+
+    rnd = random.Random(seed)
+    alphabet = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-./:="
+    out = []
+    for n in range(1, 101):
+        word = "".join(rnd.choice(alphabet) for _ in range(n))
+        out += [f"the value is {word} here", word, f"«{word}» données\tet {word[: n // 2]}"]
+    words = [line for line in _ordinary() if line.strip()]
+    for size in (50, 120, 250, 500):
+        for _ in range(20):
+            text = " ".join(rnd.choice(words) for _ in range(12))[:size]
+            out.append(text)
+    return out
+
+
+def test_the_gated_scan_equals_every_rule_run_on_every_text() -> None:
+    """The fast path (requirements checked before a rule runs: triggers, run lengths, the
+    clean-string memory) must redact exactly what running every rule on every text does:
+    a requirement derived wrong, or a pre-filter that drops a rule's match, fails here."""
+    from stashpoint.secrets_rules import Scanner
+
+    texts = [s["text"] for s in _samples()] + _ordinary() + _long_runs_and_unicode()
+    texts += [s["secret"] for s in _samples()]
+    fast = Redactor()
+    full = Redactor()
+    full_scanner = Scanner(on_match=full._count, assignments=full._assigned, gated=False)
+    differ = []
+    for text in texts * 2:  # twice: the second time through the clean-string memory
+        got, want = fast.scrub(text), full_scanner.scrub(text)
+        if got != want:
+            differ.append((text[:80], got[:80], want[:80]))
+    assert differ == []
+    assert sum(fast.counts.values()) == sum(full.counts.values()) > 0
+
+
+def test_the_run_length_bound_decides_as_the_true_longest_run() -> None:
+    """The scan compares the longest run of non-blank characters only with rule run
+    lengths: the bisected bound must let through every rule the true length does (and, for
+    a run of 16 or more, no other)."""
+    r = Redactor()
+    r.scrub("load the rules")
+    scanner = r._scanner
+    runs = scanner._runs
+    assert runs
+    for text in _long_runs_and_unicode() + _ordinary():
+        true = max(map(len, text.split()), default=0)
+        bound = scanner._longest_run(text)
+        allowed, needed = {n for n in runs if n <= bound}, {n for n in runs if n <= true}
+        assert allowed >= needed, text  # below 16 a bound: more rules run, none is skipped
+        if true >= 16:
+            assert allowed == needed, text

@@ -125,8 +125,13 @@ _NOT_A_VALUE = frozenset(
 )
 
 _MARK = "[REDACTED:field]"
-_CLEAN_MAX = 64
-"""Longest string remembered as clean (longer ones rarely repeat, and hashing costs)."""
+_CLEAN_MAX = 4096
+"""Longest string remembered as clean. Messages repeat: each checkpoint of a conversation
+holds every earlier message again (the same string objects, whose hash Python keeps), so a
+message is scanned once, then looked up."""
+_CLEAN_BUDGET = 1 << 21
+"""Characters the clean strings may hold together (and at most 10,000 of them); past that
+the memory is emptied and fills again with what the agent is using now."""
 
 
 _LEAVES = frozenset({int, float, bool, type(None), bytes, bytearray, complex})
@@ -134,7 +139,10 @@ _LEAVES = frozenset({int, float, bool, type(None), bytes, bytearray, complex})
 
 
 def _hides(value: Any) -> bool:
-    """Whether a value under a secret-named key can hold a secret (not None, a flag or empty)."""
+    """Whether a value under a secret-named key can hold a secret (not None, a flag or empty).
+
+    Asked only after the key is found secret-named (a cached lookup): a number has no
+    ``len`` and the exception it raises costs more than the rest of the field's check."""
     if value is None or type(value) is bool:
         return False
     try:
@@ -179,9 +187,11 @@ class Redactor:
         self._keys_rx = _key_rx(extra_keys) if extra_keys else SECRET_KEYS
         last_words = (re.split(r"[_\-. ]", _normal_key(k))[-1] for k in extra_keys)
         self._gate_words = _GATE_WORDS + tuple(w for w in last_words if w)
+        self._gate_ends = frozenset(c for w in self._gate_words for c in (w[-1], w[-1].upper()))
         self._key_cache: dict[str, bool] = {}
-        self._dict_key_cache: dict[str, bool] = {}
+        self._clean_keys: set[str] = set()
         self._clean: set[str] = set()
+        self._clean_size = 0
         self._scanner = Scanner(
             extra,
             defaults=defaults,
@@ -261,10 +271,20 @@ class Redactor:
         model must still validate when the checkpoint is restored). None, flags and empty
         values are kept: they hide nothing."""
         out: dict[Any, Any] = {}
+        keys, known = self.keys, self._key_cache
         for k, v in fields.items():
-            if not (self.keys and type(k) is str and _hides(v) and self._secret_key(k)):
-                conv = self._walk(v, depth + 1)
-            elif type(v) is str:
+            t = type(v)
+            if keys and type(k) is str:  # the key's verdict, cached: key names repeat
+                secret = known.get(k)
+                if secret is None:
+                    secret = self._secret_key(k)
+            else:
+                secret = False
+            if not (secret and _hides(v)):
+                if t in _LEAVES:  # what _walk returns unchanged, without the call
+                    continue
+                conv = self.scrub(v) if t is str else self._walk(v, depth + 1)
+            elif t is str:
                 if v.startswith("[REDACTED:"):
                     continue
                 conv = _MARK
@@ -312,14 +332,16 @@ class Redactor:
     def _keys_scrubbed(self, d: dict[Any, Any]) -> dict[Any, Any]:
         """``d`` with each string key that holds a secret (``{"ghp_...": "repo"}``) replaced;
         two keys that become one are told apart by a suffix (``#2``)."""
-        cache = self._dict_key_cache
+        clean = self._clean_keys
+        if clean.issuperset(d):  # every key seen clean before (key names repeat): one C call
+            return d
         hits: dict[str, str] = {}
         for k in d:
-            if type(k) is str and not cache.get(k, False):
+            if type(k) is str and k not in clean:
                 new = self.scrub(k)
                 if new is k:
-                    if len(cache) < 10_000:  # only clean keys are remembered (no secret kept)
-                        cache[k] = True
+                    if len(clean) < 10_000:  # only clean keys are remembered (no secret kept)
+                        clean.add(k)
                 else:
                     hits[k] = new
         if not hits:
@@ -339,11 +361,18 @@ class Redactor:
     def _assignments(self, text: str) -> str:
         """Values assigned to secret-named keys in free text (env dumps, .env and YAML lines,
         headers, JSON log lines, CLI flags), replaced; code stays (see :data:`_CODE_LIKE`)."""
-        words = self._gate_words
+        words, ends = self._gate_words, self._gate_ends
         for op in "=:":
             i = text.find(op)
             while i >= 0:
-                if text[max(0, i - 24) : i].rstrip(_TRAILING).lower().endswith(words):
+                j = i - 1  # the character a key would end with ("step 0:" ends with no word)
+                while j >= 0 and text[j] in _TRAILING:
+                    j -= 1
+                if (
+                    j >= 0
+                    and (text[j] in ends or not text[j].isascii())  # lower() may map it
+                    and text[max(0, i - 24) : i].rstrip(_TRAILING).lower().endswith(words)
+                ):
                     return self._assigned(text)
                 i = text.find(op, i + 1)
         return text
@@ -390,16 +419,20 @@ class Redactor:
     def scrub(self, text: str) -> str:
         """One string with every secret replaced (the same object when none was found).
 
-        Short strings found clean are remembered (roles, names, enum-like values repeat in
-        every message): looked up instead of scanned again. Only clean ones: no secret is
-        kept in memory."""
-        short = len(text) <= _CLEAN_MAX
-        if short and text in self._clean:
+        Strings found clean are remembered (roles, names, enum-like values, and each
+        message, which every later checkpoint of the conversation holds again): looked up
+        instead of scanned again. Only clean ones: no secret is kept in memory."""
+        n = len(text)
+        if n <= _CLEAN_MAX and text in self._clean:
             return text
         out = self._scanner.scrub(text)
         if out == text:
-            if short and len(self._clean) < 10_000:
+            if n <= _CLEAN_MAX:
+                if self._clean_size + n > _CLEAN_BUDGET or len(self._clean) >= 10_000:
+                    self._clean.clear()
+                    self._clean_size = 0
                 self._clean.add(text)
+                self._clean_size += n
             return text
         return out
 

@@ -477,13 +477,18 @@ class Scanner:
         defaults: bool = True,
         on_match: Callable[[str], None] | None = None,
         assignments: Callable[[str], str] | None = None,
+        gated: bool = True,
     ) -> None:
         self._extra = dict(extra or {})
+        self._gated = gated
+        """False: every rule runs on every text, no requirement checked (what the gated scan
+        must equal: the tests compare them)."""
         self._defaults = defaults
         self._on_match = on_match or (lambda _name: None)
         self._assignments = assignments
         self._rules: list[Rule] | None = None
         self._runs: list[int] = []
+        self._probes: list[tuple[int, bytes]] = []
         self._indexes: list[_Index] = []
         self._ungated: frozenset[int] = frozenset()
         self._min_len = 0
@@ -509,19 +514,24 @@ class Scanner:
         # filed under the pairs it holds. Ordinary prose holds few of them (no "_", "-",
         # capitals...), so a string costs a few dozen C-speed tests, not one per rule.
         self._runs, self._indexes, self._ungated, self._min_len = _plan(tuple(rules))
+        self._probes = [(n, b"x" * n) for n in self._runs if n >= _SHORT_RUN]
         self._rules = rules
 
     def scrub(self, text: str) -> str:
         """``text`` with every secret replaced."""
         rules = self._rules if self._rules is not None else self.rules
-        if len(text) >= self._min_len:
+        if not self._gated:
+            for rule in rules:
+                text = rule.regex.sub(self._replacer(rule), text)
+        elif len(text) >= self._min_len:
             text = self._scan(text, rules)
         return self._assignments(text) if self._assignments else text
 
     def _scan(self, text: str, rules: list[Rule]) -> str:
-        longest = _longest_run_bound(text)
-        index = self._indexes[bisect.bisect_right(self._runs, longest) - 1]
+        longest = self._longest_run(text)
+        k = bisect.bisect_right(self._runs, longest) - 1
         low = text.lower()
+        index = self._indexes[k]
         cased = low != text  # no capital letter: the buckets of capitals cannot hit
         active = set(self._ungated)
         for c, fold, upper, pairs in index:
@@ -546,6 +556,28 @@ class Scanner:
             if new != text:
                 text = new
         return text
+
+    def _longest_run(self, text: str) -> int:
+        """The longest run of non-blank characters in ``text``, as far as the rules' run
+        lengths tell them apart: for an ASCII text, ``_SHORT_RUN - 1`` when it has no run that
+        long, else the longest rule run length it holds. One C-speed substring search over a
+        translated copy, then a bisection of the run lengths with a few more, instead of
+        splitting the text into word objects. The scan compares this only with rule run
+        lengths, which it decides the same as the true length."""
+        if not text.isascii():
+            return max(map(len, text.split()), default=0)
+        tb = text.encode("ascii").translate(_NON_BLANK)
+        if _SHORT_PROBE not in tb:
+            return _SHORT_RUN - 1
+        probes = self._probes
+        lo, hi = 0, len(probes)  # probes[:lo] occur (lo == 0: none checked yet), probes[hi:] not
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if probes[mid][1] in tb:
+                lo = mid + 1
+            else:
+                hi = mid
+        return probes[lo - 1][0] if lo else _SHORT_RUN
 
     def _replacer(self, rule: Rule) -> Callable[[re.Match[str]], str]:
         marker = f"[REDACTED:{rule.name}]"
@@ -597,16 +629,6 @@ _SHORT_RUN = 16
 _NON_BLANK = bytes((32 if chr(b).isspace() else 120) if b < 128 else 120 for b in range(256))
 """ASCII whitespace (what ``str.split`` splits on) to a space, anything else to ``x``."""
 _SHORT_PROBE = b"x" * _SHORT_RUN
-
-
-def _longest_run_bound(text: str) -> int:
-    """The longest run of non-blank characters in ``text``, or ``_SHORT_RUN - 1`` when an
-    ASCII text has none that long: one C-speed substring search over a translated copy
-    instead of splitting the text into word objects (~1 us instead of ~6 for 500 bytes of
-    prose). A bound above the true length only lets more rules through to their regex."""
-    if text.isascii() and _SHORT_PROBE not in text.encode("ascii").translate(_NON_BLANK):
-        return _SHORT_RUN - 1
-    return max(map(len, text.split()), default=0)
 
 
 _COMMON = " etaoinsrhldcumfpgwybvkxjqz0123456789\n:,.()'\"=-_/"
