@@ -14,6 +14,9 @@ import pytest
 import stashpoint
 from stashpoint.testing.engine import tree_of
 
+# The opt-in pytest plugin, enabled here the way a user enables it.
+pytest_plugins = ["stashpoint.testing.pytest_plugin"]
+
 STASHPOINT = [sys.executable, "-m", "stashpoint"]
 
 
