@@ -15,6 +15,9 @@ import pytest
 import stashpoint
 from stashpoint.testing.engine import tree_of
 
+# The opt-in pytest plugin, enabled here the way a user enables it.
+pytest_plugins = ["stashpoint.testing.pytest_plugin"]
+
 STASHPOINT = [sys.executable, "-m", "stashpoint"]
 
 # Rollback witnesses (stashpoint.witness) go to a directory of this test run, never to the

@@ -1,4 +1,9 @@
-"""pytest plugin (auto-loaded when stashpoint is installed): the ``stashpoint_chaos`` fixture.
+"""pytest plugin, opt-in: the ``stashpoint_chaos`` fixture.
+
+Installing stashpoint does not load it into every pytest run (it would import the chaos
+harness into projects that never asked for it). Enable it in a test suite's top-level
+``conftest.py`` with ``pytest_plugins = ["stashpoint.testing.pytest_plugin"]``, or per run with
+``pytest -p stashpoint.testing.pytest_plugin``. Then:
 
     def test_my_agent_recovers(stashpoint_chaos, tmp_path):
         report = stashpoint_chaos(["python", "agent.py"], source=project_dir, approve=True)
