@@ -83,6 +83,8 @@ def hook_env(home: Path, **extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("STASHPOINT_", "XDG_"))}
     env.pop("CLAUDE_PROJECT_DIR", None)
     env["HOME"] = str(home)
+    # the suite's rollback-witness directory, as the daemon the test may start has it
+    env["STASHPOINT_WITNESS_DIR"] = os.environ["STASHPOINT_WITNESS_DIR"]
     env.update(extra)
     return env
 

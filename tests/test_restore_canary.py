@@ -238,6 +238,9 @@ def _sp_env(home: Path, env: dict[str, str]) -> Sp:
 def _clean_env(home: Path) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("STASHPOINT_")}
     env["HOME"] = str(home)
+    # The rollback witness is the one file stashpoint keeps outside the store, in the user's
+    # state directory, by design (tests/test_attacks.py covers it): the suite's own directory.
+    env["STASHPOINT_WITNESS_DIR"] = os.environ["STASHPOINT_WITNESS_DIR"]
     return env
 
 
