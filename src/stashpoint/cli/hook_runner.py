@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
+from ..watchd.client import read_stdin
 from ._app import Ctx, discover
 from .hook_recipes import AIDER_REPLY_END, LOG_NAME, SESSION_PREFIX
 
@@ -357,29 +358,9 @@ def _append_log(path: Path, text: str) -> None:
 
 def _read_stdin(timeout: float = 3.0) -> str:
     """The payload on stdin, or "" for a terminal; never waits more than ``timeout`` for an
-    agent that leaves the pipe open."""
-    import select
-
-    try:
-        fd = sys.stdin.fileno()
-    except (AttributeError, ValueError, OSError):
-        return ""
-    if os.isatty(fd):
-        return ""
-    deadline = time.monotonic() + timeout
-    chunks = []
-    while True:
-        left = deadline - time.monotonic()
-        if left <= 0:
-            break
-        ready, _w, _x = select.select([fd], [], [], left)
-        if not ready:
-            break
-        chunk = os.read(fd, 1 << 16)
-        if not chunk:
-            break
-        chunks.append(chunk)
-    return b"".join(chunks).decode("utf-8", "replace")
+    agent that leaves the pipe open. One reader for both paths: the daemon's client reads a
+    hook's payload the same way before it hands the hook to a running daemon."""
+    return read_stdin(timeout) or ""
 
 
 def _text(value: Any) -> str | None:

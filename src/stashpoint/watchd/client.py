@@ -89,7 +89,7 @@ def find_store(start: str, store: str | None) -> tuple[str, str] | None:
         return None
 
 
-def _read_stdin(timeout: float = 3.0) -> str | None:
+def read_stdin(timeout: float = 3.0) -> str | None:
     """The payload a hook gets on stdin, read as ``hooks run`` reads it (at most ``timeout``
     seconds for an agent that leaves the pipe open); None for a terminal."""
     import select
@@ -234,7 +234,7 @@ def run_if_served(argv: list[str]) -> int | None:
         agent = rest[2] if len(rest) > 2 else ""
         words = rest[3:]
         if agent != "aider" and not (words and words[-1].lstrip().startswith("{")):
-            stdin = _read_stdin()
+            stdin = read_stdin()
         if "-C" not in opts:
             start = _hook_start(agent, words, stdin)
     try:
