@@ -69,9 +69,12 @@ def _modules(name: str) -> list[tuple[str, Path]]:
     if path.is_dir():
         found = [(f"stashpoint.{name}", path / "__init__.py")]
         for sub in sorted(path.rglob("*.py")):
-            if sub.name != "__init__.py" and "__pycache__" not in sub.parts:
-                rel = sub.relative_to(PACKAGE).with_suffix("").as_posix().replace("/", ".")
-                found.append((f"stashpoint.{rel}", sub))
+            if sub == path / "__init__.py" or "__pycache__" in sub.parts:
+                continue
+            # a package inside (integrations.langgraph) is listed by its __init__'s docstring
+            rel = sub.parent if sub.name == "__init__.py" else sub.with_suffix("")
+            dotted = rel.relative_to(PACKAGE).as_posix().replace("/", ".")
+            found.append((f"stashpoint.{dotted}", sub))
         return found
     return [(f"stashpoint.{name}", PACKAGE / f"{name}.py")]
 
