@@ -1,5 +1,6 @@
 """The conversation as last checkpointed, kept by a session to find the prefix of a new
-checkpoint's messages that is stored already (so a checkpoint encodes only what is new).
+checkpoint's messages that is stored already (so a checkpoint encodes only what is new), and
+where the new ones go: the parent's log, or a new log forked where the two part.
 
 The messages are kept as copies independent of the caller's objects (decoded from the bytes
 written, or plain copies sharing immutable leaves): a message changed in place after it was
@@ -14,19 +15,21 @@ from __future__ import annotations
 
 import copy
 import operator
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from itertools import compress
 from typing import TYPE_CHECKING, Any
 
 from . import serde
+from ._ids import new_id
 from .errors import IntegrityError
 from .integrity import EMPTY_CHAIN, message_chain
+from .model import ConversationRef
+from .stores.base import LogAppend, LogInfo
 
 if TYPE_CHECKING:
-    from .model import Checkpoint, ConversationRef
+    from .model import Checkpoint
     from .session import Session
-    from .stores.base import LogAppend
 
 __all__ = [
     "Known",
@@ -226,9 +229,120 @@ def _known_appended(
     self._conv_objs = known
 
 
+# -- where a checkpoint's messages go ------------------------------------------------------
+
+
+def _conversation_for(
+    self: Session, head: Checkpoint | None, state: Mapping[str, Any] | None
+) -> tuple[ConversationRef | None, LogAppend | None]:
+    """Where the conversation goes: extend the parent's log, or branch a new one."""
+    parent = head.state.conversation if head else None
+    if state is None:
+        return parent, None
+    msgs = state.get(self.conversation_key)
+    if msgs is None:
+        return None, None
+    n = parent.length if parent else 0
+    prefix = self._common_prefix(head, parent, msgs)
+    if parent is not None and prefix == n == len(msgs):
+        return parent, None
+    if parent is not None and prefix == n:
+        log, start, chain, new_log = self._log_end(parent)
+    else:
+        # Diverged (edited or truncated history): a new log continuing the common prefix.
+        log, start = new_id(), prefix
+        if parent is not None and prefix > 0:
+            chain = self._message_rows(parent.log, prefix)[-1][0].hex()
+            new_log = LogInfo(self.name, parent.log, prefix, prefix)
+        else:
+            chain, start = EMPTY_CHAIN, 0
+            new_log = LogInfo(self.name, None, 0, 0)
+    encoded = [serde.encode(m) for m in msgs[start:]]
+    return _chained(log, start, chain, new_log, encoded)
+
+
+def _conversation_appended(
+    self: Session, head: Checkpoint | None, added: list[bytes]
+) -> tuple[ConversationRef | None, LogAppend | None]:
+    """The head's conversation followed by the ``added`` (encoded) messages."""
+    parent = head.state.conversation if head else None
+    if not added:
+        return parent, None
+    return _chained(*self._log_end(parent), added)
+
+
+def _log_end(self: Session, parent: ConversationRef | None) -> tuple[str, int, str, LogInfo | None]:
+    """Where messages after ``parent`` go: (log, start, chain, new log's info or None).
+    The parent's own log when its tip is where ``parent`` ends, else a new log forked
+    there (another branch wrote past it); a new root log without a parent."""
+    if parent is None:
+        return new_id(), 0, EMPTY_CHAIN, LogInfo(self.name, None, 0, 0)
+    log, start = parent.log, parent.length
+    tip = self._log_tips.get(log)
+    if tip is None:
+        info = self.store.meta.log_info(log)
+        tip = info.length if info else -1
+    if tip == start:
+        return log, start, parent.hash, None
+    return new_id(), start, parent.hash, LogInfo(self.name, log, start, start)
+
+
+def _common_prefix(
+    self: Session, head: Checkpoint | None, parent: ConversationRef | None, msgs: list[Any]
+) -> int:
+    """How many leading messages equal the parent's conversation.
+
+    Compared by content with copies of the messages as they were checkpointed (decoded
+    from the bytes written), not with the objects given then: a message changed in place
+    since (``msgs[-1]["content"] = "edited"``) is the same object, but no longer the same
+    message. The comparison is one ``list ==`` in C (dicts, lists and strings compare
+    there without calling back into Python), far below encoding the conversation again
+    but not free: ~430 CPU instructions a message (a dict of two strings; the identity
+    test it replaced took ~25), ~0.86 M at 2,000 messages, more than the rest of a
+    checkpoint (~0.65 M). Messages of an immutable type (the
+    LangGraph saver's encoded strings) are kept as the objects given: one identity test.
+    A copy that compares unequal although the message encodes the same bytes (a ``nan``
+    inside) is not taken for a change.
+    """
+    if parent is None or head is None:
+        return 0
+    known = self._conv_objs
+    if known is None or len(known.objs) != parent.length:
+        known = self._load_conversation(parent)
+        self._conv_objs = known
+    objs, n = known.objs, min(len(known.objs), len(msgs))
+    red = self._redacting
+    if red is not None and red[2] is msgs and self._redacted[1] is objs and 0 < red[1] <= n:
+        # The redactor's output: its first k messages are these very copies (it compared
+        # the caller's messages with theirs by content), so only the rest is compared.
+        k = red[1]
+        i = k + same_prefix(msgs[k:], objs[k:])
+    else:
+        i = same_prefix(msgs, objs)
+    while i < n and serde.encode(msgs[i]) == known.data[i]:  # equal after all
+        i += 1 + same_prefix(msgs[i + 1 : n], objs[i + 1 : n])
+    return i
+
+
+def _chained(
+    log: str, start: int, chain: str, new_log: LogInfo | None, encoded: list[bytes]
+) -> tuple[ConversationRef, LogAppend]:
+    """The conversation ref and the append (fenced by the commit that carries it) of
+    ``encoded`` messages written to ``log`` from ``start``, each chained to the last."""
+    rows = []
+    for data in encoded:
+        chain = message_chain(chain, data)
+        rows.append((bytes.fromhex(chain), data))
+    return ConversationRef(log, start + len(encoded), chain), LogAppend(log, start, rows, new_log)
+
+
 class KnownConversation:
     """The methods above, as :class:`~stashpoint.Session` has them."""
 
     _load_conversation = _load_conversation
     _known_written = _known_written
     _known_appended = _known_appended
+    _conversation_for = _conversation_for
+    _conversation_appended = _conversation_appended
+    _log_end = _log_end
+    _common_prefix = _common_prefix

@@ -10,7 +10,7 @@ The rest of a session's methods live with their concern, each module joining its
 :class:`Session`: reading (:mod:`stashpoint.history`), the workspace and where restores may
 write (:mod:`stashpoint.binding`), rewind and fork (:mod:`stashpoint.rewind`), operator edits
 (:mod:`stashpoint.edit`), durable execution (:mod:`stashpoint.durable_surface`), the
-conversation cache (:mod:`stashpoint.conversation`) and the lease (:mod:`stashpoint.lease`).
+conversation log (:mod:`stashpoint.conversation`) and the lease (:mod:`stashpoint.lease`).
 """
 
 from __future__ import annotations
@@ -46,13 +46,12 @@ from .errors import (
     UsageError,
 )
 from .history import Reading, checkpoint_json
-from .integrity import EMPTY_CHAIN, message_chain
 from .lease import Lease, LeaseHolder
 from .lease import for_session as lease_for_session
 from .model import KINDS, Checkpoint, ConversationRef, LogRef, StateRef, WorkspaceRef, utc_now_iso
 from .redact import Redactor, make_redactor
 from .rewind import Restoring, RewindResult
-from .stores.base import BlobRow, CheckpointRow, Commit, Fence, LogAppend, LogInfo
+from .stores.base import BlobRow, CheckpointRow, Commit, Fence
 from .workspace import Workspace
 
 if TYPE_CHECKING:
@@ -528,94 +527,6 @@ class Session(Reading, Binding, KnownConversation, Restoring, Editing, DurableMe
                 rows.append(self.store.blobs.encode(digest, data))
         return values, rows
 
-    def _conversation_for(
-        self, head: Checkpoint | None, state: Mapping[str, Any] | None
-    ) -> tuple[ConversationRef | None, LogAppend | None]:
-        """Where the conversation goes: extend the parent's log, or branch a new one."""
-        parent = head.state.conversation if head else None
-        if state is None:
-            return parent, None
-        msgs = state.get(self.conversation_key)
-        if msgs is None:
-            return None, None
-        n = parent.length if parent else 0
-        prefix = self._common_prefix(head, parent, msgs)
-        if parent is not None and prefix == n == len(msgs):
-            return parent, None
-        if parent is not None and prefix == n:
-            log, start, chain, new_log = self._log_end(parent)
-        else:
-            # Diverged (edited or truncated history): a new log continuing the common prefix.
-            log, start = new_id(), prefix
-            if parent is not None and prefix > 0:
-                chain = self._message_rows(parent.log, prefix)[-1][0].hex()
-                new_log = LogInfo(self.name, parent.log, prefix, prefix)
-            else:
-                chain, start = EMPTY_CHAIN, 0
-                new_log = LogInfo(self.name, None, 0, 0)
-        encoded = [serde.encode(m) for m in msgs[start:]]
-        return _chained(log, start, chain, new_log, encoded)
-
-    def _conversation_appended(
-        self, head: Checkpoint | None, added: list[bytes]
-    ) -> tuple[ConversationRef | None, LogAppend | None]:
-        """The head's conversation followed by the ``added`` (encoded) messages."""
-        parent = head.state.conversation if head else None
-        if not added:
-            return parent, None
-        return _chained(*self._log_end(parent), added)
-
-    def _log_end(self, parent: ConversationRef | None) -> tuple[str, int, str, LogInfo | None]:
-        """Where messages after ``parent`` go: (log, start, chain, new log's info or None).
-        The parent's own log when its tip is where ``parent`` ends, else a new log forked
-        there (another branch wrote past it); a new root log without a parent."""
-        if parent is None:
-            return new_id(), 0, EMPTY_CHAIN, LogInfo(self.name, None, 0, 0)
-        log, start = parent.log, parent.length
-        tip = self._log_tips.get(log)
-        if tip is None:
-            info = self.store.meta.log_info(log)
-            tip = info.length if info else -1
-        if tip == start:
-            return log, start, parent.hash, None
-        return new_id(), start, parent.hash, LogInfo(self.name, log, start, start)
-
-    def _common_prefix(
-        self, head: Checkpoint | None, parent: ConversationRef | None, msgs: list[Any]
-    ) -> int:
-        """How many leading messages equal the parent's conversation.
-
-        Compared by content with copies of the messages as they were checkpointed (decoded
-        from the bytes written), not with the objects given then: a message changed in place
-        since (``msgs[-1]["content"] = "edited"``) is the same object, but no longer the same
-        message. The comparison is one ``list ==`` in C (dicts, lists and strings compare
-        there without calling back into Python), far below encoding the conversation again
-        but not free: ~430 CPU instructions a message (a dict of two strings; the identity
-        test it replaced took ~25), ~0.86 M at 2,000 messages, more than the rest of a
-        checkpoint (~0.65 M). Messages of an immutable type (the
-        LangGraph saver's encoded strings) are kept as the objects given: one identity test.
-        A copy that compares unequal although the message encodes the same bytes (a ``nan``
-        inside) is not taken for a change.
-        """
-        if parent is None or head is None:
-            return 0
-        known = self._conv_objs
-        if known is None or len(known.objs) != parent.length:
-            known = self._load_conversation(parent)
-            self._conv_objs = known
-        objs, n = known.objs, min(len(known.objs), len(msgs))
-        red = self._redacting
-        if red is not None and red[2] is msgs and self._redacted[1] is objs and 0 < red[1] <= n:
-            # The redactor's output: its first k messages are these very copies (it compared
-            # the caller's messages with theirs by content), so only the rest is compared.
-            k = red[1]
-            i = k + same_prefix(msgs[k:], objs[k:])
-        else:
-            i = same_prefix(msgs, objs)
-        while i < n and serde.encode(msgs[i]) == known.data[i]:  # equal after all
-            i += 1 + same_prefix(msgs[i + 1 : n], objs[i + 1 : n])
-        return i
-
     def _redact_label(self, label: str | None) -> str | None:
         """A label is stored as given, in the record and the label index: scrubbed like a
         message (a label holding a secret is renamed ``[REDACTED:<kind>]``)."""
@@ -631,18 +542,6 @@ class Session(Reading, Binding, KnownConversation, Restoring, Editing, DurableMe
         if not isinstance(out, str):
             raise UsageError("the redactor returned a non-string for the checkpoint label")
         return out
-
-
-def _chained(
-    log: str, start: int, chain: str, new_log: LogInfo | None, encoded: list[bytes]
-) -> tuple[ConversationRef, LogAppend]:
-    """The conversation ref and the append (fenced by the commit that carries it) of
-    ``encoded`` messages written to ``log`` from ``start``, each chained to the last."""
-    rows = []
-    for data in encoded:
-        chain = message_chain(chain, data)
-        rows.append((bytes.fromhex(chain), data))
-    return ConversationRef(log, start + len(encoded), chain), LogAppend(log, start, rows, new_log)
 
 
 def _merge_artifacts(head: Checkpoint | None, changes: Mapping[str, Any]) -> dict[str, Any]:
