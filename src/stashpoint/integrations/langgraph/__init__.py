@@ -77,6 +77,12 @@ serialized again whenever their version moves, as in LangGraph's own savers.
 One process should write a thread at a time (LangGraph's own model): records are protected
 by the store's compare-and-set, the pending-writes key by a re-read before each update.
 
+The package, one concern a module: :mod:`.saver` (the class and LangGraph's interface),
+:mod:`.records` (a checkpoint's layout in a record, serializing), :mod:`.threads` (the index
+of a thread), :mod:`.reading`, :mod:`.writing`, :mod:`.pending` (pending writes),
+:mod:`.files` (workspace scans and restores), :mod:`.removing`, :mod:`.async_api` and
+:mod:`.framework` (the LangGraph names it uses, imported once).
+
 Needs ``pip install 'stashpoint[langgraph]'``.
 """
 
