@@ -19,6 +19,7 @@ How the comparison is kept fair and honest:
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import shutil
 import subprocess
@@ -69,6 +70,9 @@ class _Bench:
         self.daemon_env = dict(self.cli_env)
         self.cli_env["STASHPOINT_NO_DAEMON"] = "1"
         self.served = served_cmd(tmp)
+        # A stashpoint without the watch daemon (an older tree compared against this one)
+        # runs every row but the daemon's.
+        self.has_daemon = importlib.util.find_spec("stashpoint.watchd") is not None
         self.gap = Gap(0.1)
         self.samples: dict[str, list[float]] = {}
         self.reads: dict[str, list[int]] = {}
@@ -148,9 +152,10 @@ class _Bench:
         n = 2 * self.cfg.reps
         rounds = [("api", i % 2 == 1) for i in range(n)] + [("cli", i % 2 == 0) for i in range(n)]
         rounds += [("watch", i % 2 == 1) for i in range(n)]
-        rounds += [("daemon", i % 2 == 0) for i in range(n)]
-        self.daemon(store_dir, "watch", "start")  # untimed: its first full scan
-        served = self.daemon_requests(store_dir)
+        if self.has_daemon:
+            rounds += [("daemon", i % 2 == 0) for i in range(n)]
+            self.daemon(store_dir, "watch", "start")  # untimed: its first full scan
+            served = self.daemon_requests(store_dir)
         for k in (1, 100):
             for iface, fsync in rounds:
                 self.gap.wait()
@@ -168,7 +173,7 @@ class _Bench:
                 self.gap.mark()
                 peer = GIT_FS if fsync else GIT
                 self.add(f"inc{k}/{peer}", timed(lambda f=fsync: git.commit(fsync=f)))
-        if self.daemon_requests(store_dir) != served + 2 * n:
+        if self.has_daemon and self.daemon_requests(store_dir) != served + 2 * n:
             raise AssertionError("a daemon row was not served by the daemon")
         store.close()
 
@@ -207,9 +212,10 @@ class _Bench:
             "rewind/api": (api, api_prepare),
             "rewind/cli": (cli, _nothing),
             "rewind/watch": (lambda: wsess.rewind(wbase), _nothing),
-            "rewind/daemon": (daemon, _nothing),
         }
-        served = self.daemon_requests(store_dir)
+        if self.has_daemon:
+            jobs["rewind/daemon"] = (daemon, _nothing)
+            served = self.daemon_requests(store_dir)
         for how in GIT_RESTORES:
             for fsync in (False, True):
                 key = f"rewind/{GIT_FS if fsync else GIT} {how}"
@@ -232,9 +238,10 @@ class _Bench:
             self._one_rewind(
                 "rewind/git commit+restore", git_with_safety, None, seed, want, n_ignored
             )
-        if self.daemon_requests(store_dir) != served + self.cfg.reps:
-            raise AssertionError("a daemon rewind was not served by the daemon")
-        self.daemon(store_dir, "watch", "stop")
+        if self.has_daemon:
+            if self.daemon_requests(store_dir) != served + self.cfg.reps:
+                raise AssertionError("a daemon rewind was not served by the daemon")
+            self.daemon(store_dir, "watch", "stop")
         store.close()
         return {
             "best_git_restore": GIT_RESTORES[best],

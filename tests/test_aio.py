@@ -139,7 +139,6 @@ _NO_TWIN: dict[type, set[str]] = {
         "fence",  # a property that may renew the lease (a store round trip): see its lease
         "run",  # a sync program: `await run.run_sync(stashpoint.Session.run, fn)`
         "resume",  # an alias of run
-        "trial",  # a sync context manager around the caller's block: no async twin yet
     },
     stashpoint.Store: {
         "gc_epoch",  # plumbing the store's sessions stamp their caches with (reads the store)
@@ -154,6 +153,7 @@ _NO_TWIN: dict[type, set[str]] = {
 _LEASE_NO_IO = {"lost", "mark_lost"}
 # Twins that do no store I/O, so they are plain methods rather than coroutines.
 _NOT_AWAITED = {
+    "trial",  # returns an async context manager (AsyncTrial): `async with run.trial(n)`
     "step",
     "tool",
     "plan",
@@ -199,6 +199,18 @@ def test_the_async_names_mirror_the_sync_signatures() -> None:
             assert got == want, where
             io = name not in _NOT_AWAITED
             assert inspect.iscoroutinefunction(getattr(async_cls, name)) == io, where
+    for name in ("keep", "rollback"):  # an async trial's outcomes take what a trial's take
+        want = [
+            (p.name, p.kind, p.default)
+            for p in inspect.signature(getattr(stashpoint.trial.Trial, name)).parameters.values()
+        ]
+        got = [
+            (p.name, p.kind, p.default)
+            for p in inspect.signature(getattr(stashpoint.aio.AsyncTrial, name)).parameters.values()
+        ]
+        assert got == want and inspect.iscoroutinefunction(
+            getattr(stashpoint.aio.AsyncTrial, name)
+        ), name
     alease = stashpoint.aio.AsyncLease
     assert issubclass(alease, stashpoint.Lease)
     for name in _DUNDER_TWINS.values():

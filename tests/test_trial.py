@@ -355,3 +355,49 @@ def test_rollback_rewrites_only_what_changed(tmp_path: Path, watch: bool) -> Non
         assert after.keys() == before.keys()
         rewritten = {k for k in before if after[k] != before[k]}
         assert rewritten == {"d3/f1.txt", "d7/f2.txt"}
+
+
+def test_async_trial_keeps_rolls_back_and_rolls_back_on_cancel(tmp_path: Path) -> None:
+    """``async with run.trial(node)``: the same outcomes as the sync trial, the store work in
+    the session's queue; a block cancelled mid-way rolls its files back."""
+    import asyncio
+
+    import stashpoint.aio
+
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    (ws / "app.py").write_text("v1")
+
+    async def main() -> None:
+        async with await stashpoint.aio.open(tmp_path / "store") as store:
+            run = await store.session("s", workspace=ws)
+            base = await run.checkpoint({"score": 0})
+            async with run.trial(base) as t:
+                (ws / "app.py").write_text("v2")
+            assert t.outcome == "rolled back" and (ws / "app.py").read_text() == "v1"
+            assert t.result is not None and t.result.kind == "pre-rewind"
+
+            async with run.trial(base) as t:
+                (ws / "app.py").write_text("v3")
+                kept = await t.keep({"score": 3})
+            assert t.outcome == "kept" and (await run.get_head()) == kept
+            assert await run.state() == {"score": 3}
+
+            started = asyncio.Event()
+
+            async def search() -> None:
+                async with run.trial(base):
+                    (ws / "app.py").write_text("v4")
+                    started.set()
+                    await asyncio.sleep(60)
+
+            task = asyncio.create_task(search())
+            await started.wait()
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+            assert (ws / "app.py").read_text() == "v1" and await run.state() == {"score": 0}
+            head = await run.get_head()
+            assert head is not None and head.id == base.id
+
+    asyncio.run(main())

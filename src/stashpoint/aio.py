@@ -84,6 +84,7 @@ from .errors import UsageError
 from .lease import Lease
 from .opening import open_store
 from .session import Session
+from .trial import Trial
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -93,7 +94,15 @@ if TYPE_CHECKING:
     from .durable import Durable, RunResult
     from .model import Checkpoint
 
-__all__ = ["AsyncLease", "AsyncSession", "AsyncStore", "SerialQueue", "open", "open_async"]
+__all__ = [
+    "AsyncLease",
+    "AsyncSession",
+    "AsyncStore",
+    "AsyncTrial",
+    "SerialQueue",
+    "open",
+    "open_async",
+]
 
 P = ParamSpec("P")
 T = TypeVar("T")
@@ -654,6 +663,12 @@ class AsyncSession(DurableDecorators):
         returns="AsyncSession",
     )
 
+    def trial(self, ref: str | Checkpoint | None = None) -> AsyncTrial:
+        """:meth:`Session.trial` for asyncio code: ``async with run.trial(node) as t:``.
+        Going to the node, keeping and rolling back run in this session's queue, off the
+        loop; the block itself runs on the loop."""
+        return AsyncTrial(self, Trial(self.sync, ref))
+
     # -- durable execution ----------------------------------------------------------------
     async def arun(
         self, fn: Callable[..., Awaitable[Any]], *args: Any, fresh: bool = False, **kwargs: Any
@@ -698,6 +713,63 @@ class AsyncSession(DurableDecorators):
         tb: TracebackType | None,
     ) -> None:
         await self.close()
+
+
+class AsyncTrial:
+    """One attempt from a checkpoint in asyncio code (see :class:`~stashpoint.trial.Trial`):
+    made by :meth:`AsyncSession.trial`. Each step of the sync trial (go to the node, keep,
+    roll back) runs in the session's queue, so it is ordered with the session's other calls
+    and never blocks the loop; an exception or a cancellation leaving the block rolls back."""
+
+    def __init__(self, run: AsyncSession, trial: Trial) -> None:
+        self._run = run
+        self.sync = trial
+        """The wrapped sync trial."""
+
+    @property
+    def base(self) -> Checkpoint:
+        """The checkpoint the trial started from and rolls back to."""
+        return self.sync.base
+
+    @property
+    def result(self) -> Checkpoint | None:
+        """After keep: the kept checkpoint; after a rollback: what the trial had reached."""
+        return self.sync.result
+
+    @property
+    def outcome(self) -> str:
+        return self.sync.outcome
+
+    async def keep(
+        self,
+        state: Mapping[str, Any] | None = None,
+        *,
+        message: str | None = None,
+        label: str | None = None,
+        meta: Mapping[str, Any] | None = None,
+    ) -> Checkpoint:
+        """End the trial keeping what it did (:meth:`Trial.keep`)."""
+        return await self._run._call(self.sync.keep, state, message=message, label=label, meta=meta)
+
+    async def rollback(self) -> Checkpoint:
+        """End the trial now, going back to :attr:`base` (:meth:`Trial.rollback`)."""
+        return await self._run._call(self.sync.rollback)
+
+    async def __aenter__(self) -> AsyncTrial:
+        await self._run._call(self.sync.__enter__)
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        # Shielded: a block cancelled while rolling back still ends its trial.
+        await asyncio.shield(self._run._call(self.sync.__exit__, exc_type, exc, tb))
+
+    def __repr__(self) -> str:
+        return f"<AsyncTrial {self.sync!r}>"
 
 
 def _nothing() -> None:
