@@ -64,6 +64,7 @@ __all__ = [
     "StepFailed",
     "StoreError",
     "ToolRejected",
+    "UpgradeRequired",
     "UsageError",
     "ValidationError",
 ]
@@ -98,6 +99,11 @@ class StoreError(StashpointError):
 
 class SchemaVersionError(StoreError):
     """The store or a record uses a format version this stashpoint does not understand."""
+
+
+class UpgradeRequired(UsageError):
+    """A write to a store in an older format (it reads as it is, but is written only in the
+    current format): ``stashpoint upgrade`` converts it. Nothing was written."""
 
 
 class IntegrityError(StashpointError):

@@ -19,6 +19,7 @@ Ids and times differ on every run; the tests only rely on what the stores hold.
 
 from __future__ import annotations
 
+import os
 import shutil
 import sys
 from pathlib import Path
@@ -38,12 +39,10 @@ def history(store_dir: Path, work: Path, key: bytes | None) -> None:
     (ws / "data.bin").write_bytes(b"0123456789abcdef" * 70_000)
     artifact = work / "weights.bin"
     artifact.write_bytes(b"w" * 5000)
-    with stashpoint.open(store_dir, key=key if key is not None else b"") as store:
+    with stashpoint.open(store_dir, key=key) as store:
         s = store.session("main", workspace=ws)
         messages = [{"role": "user", "content": "fix the bug"}]
-        first = s.checkpoint(
-            {"messages": messages, "step": 1}, message="start", label="start"
-        )
+        first = s.checkpoint({"messages": messages, "step": 1}, message="start", label="start")
         (ws / "app.py").write_text("print('hello, world')\n")
         messages = [*messages, {"role": "assistant", "content": "edited app.py"}]
         s.checkpoint(
@@ -62,6 +61,8 @@ def history(store_dir: Path, work: Path, key: bytes | None) -> None:
 
 
 def main() -> None:
+    for var in [v for v in os.environ if v.startswith("STASHPOINT_")]:
+        del os.environ[var]  # no key, store or durability from the caller's environment
     out = Path(sys.argv[1]).resolve()
     scratch = out / "_scratch"
     shutil.rmtree(scratch, ignore_errors=True)
@@ -73,7 +74,7 @@ def main() -> None:
         history(out / "keyed", scratch / "keyed", KEY)
         from stashpoint.bundle import export_bundle
 
-        with stashpoint.open(out / "plain", key=b"") as store:
+        with stashpoint.open(out / "plain") as store:
             export_bundle(store, out / "main.spb", session="main")
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
