@@ -19,6 +19,7 @@ from .blobs.backend import BlobBackend
 from .durability import Durability
 from .errors import StoreError, UsageError
 from .stores.base import MetadataStore
+from .stores.formats import CURRENT as CURRENT_FORMAT
 from .stores.registry import get_backend
 from .urls import parse_store_url
 
@@ -133,7 +134,9 @@ def open_store(
     )
     store.own_paths += opened.own_paths
     store.upkeep = _upkeep
-    if parsed.scheme != "memory":
+    # A store in an older format has no numbered refs to witness, and no record of being
+    # keyed: a wrong key would be remembered with it. Witnessed from its upgrade on.
+    if parsed.scheme != "memory" and store.format == CURRENT_FORMAT:
         try:
             _attach_witness(store, accept_rollback)
         except BaseException:

@@ -51,6 +51,9 @@ def detect(meta: MetadataStore) -> int:
 
     SchemaVersionError for a format newer than this program's; IntegrityError for a malformed
     marker. ``meta`` is the backend itself (below encryption: the key is plaintext)."""
+    layout_v1 = getattr(meta, "format_v1", None)
+    if layout_v1:
+        return V1  # the backend's own layout is format 1's, whatever else says otherwise
     recorded = meta.get_meta(metakeys.FORMAT)
     if recorded is not None:
         if not recorded.isdigit() or int(recorded) < V1:
@@ -62,9 +65,6 @@ def detect(meta: MetadataStore) -> int:
                 f"{CURRENT}: upgrade stashpoint"
             )
         return version
-    layout_v1 = getattr(meta, "format_v1", None)
-    if layout_v1:
-        return V1
     if meta.get_meta(metakeys.STORE_ID) is not None:
         # Opened before. A backend with a layout version of its own has said it is current
         # (written by a version with auth strings but without this key); one without can only

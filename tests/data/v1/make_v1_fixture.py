@@ -12,6 +12,8 @@ It writes, next to itself:
 - ``plain/``: an unkeyed SQLite store (``store.db`` + ``blobs/``): two sessions, a fork,
   labels, a conversation, workspace files (one large enough to be chunked) and an artifact;
 - ``keyed/``: the same history in a store whose hash chain is keyed with :data:`KEY`;
+- ``files/``: the same history in a file store (``file://``: JSON documents and blob files);
+- ``empty/``: a SQLite store opened once and never written (the suites' starting point);
 - ``main.spb``: a bundle of the plain store's ``main`` session.
 
 Ids and times differ on every run; the tests only rely on what the stores hold.
@@ -26,11 +28,12 @@ from pathlib import Path
 
 import stashpoint
 
+STORES = ("plain", "keyed", "files", "empty")
 KEY = bytes(range(32))
 """The integrity key of ``keyed/`` (a test key, published here on purpose)."""
 
 
-def history(store_dir: Path, work: Path, key: bytes | None) -> None:
+def history(store_dir: Path | str, work: Path, key: bytes | None) -> None:
     ws = work / "ws"
     ws.mkdir(parents=True)
     (ws / "app.py").write_text("print('hello')\n")
@@ -66,19 +69,21 @@ def main() -> None:
     out = Path(sys.argv[1]).resolve()
     scratch = out / "_scratch"
     shutil.rmtree(scratch, ignore_errors=True)
-    for name in ("plain", "keyed"):
+    for name in STORES:
         shutil.rmtree(out / name, ignore_errors=True)
     (out / "main.spb").unlink(missing_ok=True)
     try:
         history(out / "plain", scratch / "plain", None)
         history(out / "keyed", scratch / "keyed", KEY)
+        history(f"file://{out / 'files'}", scratch / "files", None)
+        stashpoint.open(out / "empty").close()
         from stashpoint.bundle import export_bundle
 
         with stashpoint.open(out / "plain") as store:
             export_bundle(store, out / "main.spb", session="main")
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
-    for name in ("plain", "keyed"):
+    for name in STORES:
         # Only the store itself: caches, lock files and the store's "never commit me"
         # .gitignore are made again by whoever opens a copy.
         for sub in ("cache", "locks"):
@@ -86,6 +91,7 @@ def main() -> None:
         for leftover in ("store.db-writers", "store.db-wal", "store.db-shm", ".gitignore"):
             (out / name / leftover).unlink(missing_ok=True)
         (out / name / "blobs" / "gc.lock").unlink(missing_ok=True)
+        (out / name / "lock").unlink(missing_ok=True)  # the file store's
 
 
 if __name__ == "__main__":
