@@ -117,6 +117,27 @@ def test_reading_a_v1_store_works_and_changes_no_byte(
     assert files_of(v1_store) == before
 
 
+def test_the_web_ui_reads_a_v1_store_without_writing(v1_store: Path) -> None:
+    from starlette.testclient import TestClient
+
+    from stashpoint.webui import create_app
+
+    token, port = "t" * 32, 8765
+    before = files_of(v1_store)
+    with stashpoint.open(url_of(v1_store)) as store:
+        head = store.branches("main")["main"]
+        client = TestClient(
+            create_app(store, token=token, port=port),
+            base_url=f"http://127.0.0.1:{port}",
+            headers={"Authorization": f"Bearer {token}"},
+        )
+        for page in ("/", "/s/main", f"/s/main/c/{head}", "/s/other", "/s/main/live.json"):
+            got = client.get(page)
+            assert got.status_code == 200, (page, got.text[:500])
+        assert "thanks" in client.get(f"/s/main/c/{head}").text
+    assert files_of(v1_store) == before
+
+
 def test_a_write_to_a_v1_store_is_refused_and_creates_nothing(
     sp: Sp, v1_store: Path, tmp_path: Path
 ) -> None:
@@ -212,9 +233,11 @@ def test_keyed_v1_store_is_upgraded_only_with_its_key(tmp_path: Path) -> None:
     with db:  # an attacker moves the head back, keeping its MAC'd auth string
         db.execute("UPDATE heads SET checkpoint=? WHERE checkpoint=?", (start, head))
     db.close()
-    with stashpoint.open(store_dir, key=KEY, accept_rollback=True) as store:
-        with pytest.raises(IntegrityError, match="MAC"):
-            store.branches("main")
+    with (
+        stashpoint.open(store_dir, key=KEY, accept_rollback=True) as store,
+        pytest.raises(IntegrityError, match="MAC"),
+    ):
+        store.branches("main")
 
 
 def test_v1_bundle_imports(sp: Sp, tmp_path: Path) -> None:
@@ -369,15 +392,16 @@ def test_v1_store_on_a_server_is_read_as_it_is_then_upgraded(
 
 @pytest.mark.slow
 def test_redis_upgrade_killed_at_random_instants(
-    sp: Sp, tmp_path: Path, redis_url: str, monkeypatch: pytest.MonkeyPatch
+    request: pytest.FixtureRequest, sp: Sp, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     import redis
 
+    url = request.getfixturevalue("redis_url")
     monkeypatch.setenv("STASHPOINT_WITNESS", "off")
-    make_redis_v1(redis_url, tmp_path)
-    prefix = redis_url.split("prefix=")[1]
-    saved = redis_dump(redis_url)
-    client = redis.Redis.from_url(redis_url.split("?")[0])
+    make_redis_v1(url, tmp_path)
+    prefix = url.split("prefix=")[1]
+    saved = redis_dump(url)
+    client = redis.Redis.from_url(url.split("?")[0])
 
     def fresh() -> None:
         for key in client.scan_iter(match=prefix + "*"):
@@ -385,25 +409,23 @@ def test_redis_upgrade_killed_at_random_instants(
         for key, value in saved.items():
             client.restore(key, 0, value)
 
-    seen = history(sp, redis_url, tmp_path)
+    seen = history(sp, url, tmp_path)
     env = {**cli_env(tmp_path), "STASHPOINT_WITNESS": "off"}
-    duration = measure(lambda: sp("--store", redis_url, "upgrade"), 3, reset=fresh)
+    duration = measure(lambda: sp("--store", url, "upgrade"), 3, reset=fresh)
     rng = random.Random(SEED + 1)
     killed = 0
     for i in range(4 * 12):
         if killed == 12:
             break
         fresh()
-        code, _ = run_killed(
-            ["--store", redis_url, "upgrade"], tmp_path, env, rng.uniform(0, duration)
-        )
+        code, _ = run_killed(["--store", url, "upgrade"], tmp_path, env, rng.uniform(0, duration))
         killed += code != 0
-        report = json.loads(sp("--store", redis_url, "verify", "--json", cwd=tmp_path).out)
+        report = json.loads(sp("--store", url, "verify", "--json", cwd=tmp_path).out)
         assert report["ok"] and report["format"] in (1, 2), (i, report)
-        sp("--store", redis_url, "upgrade", cwd=tmp_path)
-        report = json.loads(sp("--store", redis_url, "verify", "--json", cwd=tmp_path).out)
+        sp("--store", url, "upgrade", cwd=tmp_path)
+        report = json.loads(sp("--store", url, "verify", "--json", cwd=tmp_path).out)
         assert report["ok"] and report["format"] == 2, (i, report)
-        assert history(sp, redis_url, tmp_path) == seen
+        assert history(sp, url, tmp_path) == seen
     client.close()
     assert killed == 12, f"only {killed} upgrades were killed mid-way"
 

@@ -9,7 +9,7 @@ stable CLI exit code.
     │   ├── RestoreBlocked               exit 1   a restore would overwrite files no snapshot holds
     │   │   └── RestoreImpossible        exit 1   the target filesystem cannot hold a path
     │   ├── ClashError                   exit 1   an imported id or branch differs from the store's
-    │   └── UpgradeRequired              exit 1   a write to an older-format store: `stashpoint upgrade`
+    │   └── UpgradeRequired              exit 1   a write to a store in an older format
     ├── NotFoundError                    exit 1   unknown checkpoint, session or branch
     │   └── PrunedError                  exit 1   the checkpoint's state and files were released
     ├── SerializationError               exit 1   a value of a type the allowlist does not know
