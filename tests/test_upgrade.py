@@ -300,6 +300,125 @@ def test_upgrade_killed_at_random_instants_leaves_a_v1_or_v2_store(
     print(f"upgrade kills ({name}): {killed}; opened afterwards as format 1/2: {outcomes}")
 
 
+class _Crash(BaseException):
+    """Stands for the process dying: nothing after it runs (not an Exception: no handler of
+    the code under test catches it)."""
+
+
+def _stop_after(monkeypatch: pytest.MonkeyPatch, cls: type, steps: int) -> list[str]:
+    """Make the upgrade's writes through ``cls`` stop dead before write number ``steps``."""
+    from stashpoint.stores import migrate
+
+    done: list[str] = []
+
+    def counted(name: str, real: Callable[..., Any]) -> Callable[..., Any]:
+        def write(*args: Any, **kwargs: Any) -> Any:
+            if len(done) == steps:
+                raise _Crash
+            done.append(name)
+            return real(*args, **kwargs)
+
+        return write
+
+    for name in ("set_head", "set_label", "set_meta"):
+        monkeypatch.setattr(cls, name, counted(name, getattr(cls, name)))
+    finish = counted("finish", migrate._finish_file_store)
+    monkeypatch.setattr(migrate, "_finish_file_store", finish)
+    return done
+
+
+def test_sqlite_upgrade_stopped_inside_its_transaction_leaves_v1(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """SQLite converts in one transaction: stopped after any number of ref updates, the
+    database file is byte for byte the v1 one (the transaction rolled back)."""
+    from stashpoint.stores.refauth import RefSigner
+
+    store = v1_copy("plain", tmp_path)
+    before = files_of(store)
+    real = RefSigner.auth
+    for stop in range(5):
+        calls: list[int] = []
+
+        def auth(self: RefSigner, *args: Any, stop: int = stop, calls: list[int] = calls) -> str:
+            if len(calls) == stop:
+                raise _Crash
+            calls.append(1)
+            return real(self, *args)
+
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(RefSigner, "auth", auth)
+            with pytest.raises(_Crash):
+                stashpoint.upgrade_store(store)
+        assert files_of(store) == before, f"stopped after {stop} ref(s)"
+        with stashpoint.open(store) as opened:
+            assert opened.format == 1
+    assert stashpoint.upgrade_store(store).format_after == 2
+
+
+@pytest.mark.parametrize("backend", ["files", "redis"])
+def test_upgrade_stopped_after_every_step_leaves_a_v1_or_v2_store(
+    request: pytest.FixtureRequest, tmp_path: Path, backend: str
+) -> None:
+    """The step-by-step backends, stopped at every step boundary (each step itself is one
+    atomic write): the store opens as format 1 until the last step and as 2 after it, reads
+    the same history, verifies, and the upgrade run again finishes it."""
+    from stashpoint.verify import verify_store
+
+    if backend == "files":
+        from stashpoint.stores.files import FileStore as cls
+
+        def fresh() -> str:
+            store = tmp_path / "store"
+            shutil.rmtree(store, ignore_errors=True)
+            shutil.copytree(V1 / "files", store)
+            return f"file://{store}"
+    else:
+        from stashpoint.stores.redis import RedisStore as cls
+
+        url = request.getfixturevalue("redis_url")
+        make_redis_v1(url, tmp_path)
+        saved = redis_dump(url)
+
+        def fresh() -> str:
+            import redis
+
+            client = redis.Redis.from_url(url.split("?")[0])
+            for key in client.scan_iter(match=url.split("prefix=")[1] + "*"):
+                client.delete(key)
+            for key, value in saved.items():
+                client.restore(key, 0, value)
+            client.close()
+            return url
+
+    def state(url: str) -> tuple[int, Any]:
+        with stashpoint.open(url, accept_rollback=True) as store:
+            assert verify_store(store).ok
+            return store.format, {
+                s: (store.branches(s), store.refs.labels(s), [c.id for c in store.records(s)])
+                for s in store.sessions()
+            }
+
+    _, seen = state(fresh())
+    steps = 6  # 3 heads, 2 labels, the format key
+    formats_seen = []
+    for stop in range(steps + 1):
+        url = fresh()
+        with pytest.MonkeyPatch.context() as mp:
+            done = _stop_after(mp, cls, stop)
+            try:
+                stashpoint.upgrade_store(url)
+            except _Crash:
+                pass
+        assert len(done) == stop
+        fmt, got = state(url)
+        assert got == seen, f"stopped after {stop} step(s)"
+        formats_seen.append(fmt)
+        assert stashpoint.upgrade_store(url).format_after == 2
+        assert state(url) == (2, seen)
+    assert formats_seen == [1] * steps + [2]
+
+
 # -- PostgreSQL and Redis -------------------------------------------------------------------
 
 
