@@ -240,6 +240,27 @@ def test_keyed_v1_store_is_upgraded_only_with_its_key(tmp_path: Path) -> None:
         store.branches("main")
 
 
+def test_encrypted_v1_store_is_read_and_upgraded_with_its_key(tmp_path: Path) -> None:
+    """Encryption keys the chain: the refs are signed with the key derived from it."""
+    from stashpoint.errors import EncryptionKeyError
+    from stashpoint.verify import verify_store
+
+    key = bytes(range(1, 33))  # make_v1_fixture.ENCRYPTION_KEY
+    store_dir = v1_copy("encrypted", tmp_path)
+    before = files_of(store_dir)
+    with pytest.raises(EncryptionKeyError):
+        stashpoint.upgrade_store(store_dir, encryption_key=b"")
+    with stashpoint.open(store_dir, encryption_key=key) as store:
+        assert store.format == 1
+        assert store.session("main").state()["messages"][-1]["content"] == "noted"
+    assert files_of(store_dir) == before
+    report = stashpoint.upgrade_store(store_dir, encryption_key=key)
+    assert report.keyed and report.signed == 2 and report.format_after == 2
+    with stashpoint.open(store_dir, encryption_key=key) as store:
+        assert store.refs.signer.strict and verify_store(store).ok
+        assert store.session("main").state()["messages"][0]["content"] == "secret plan"
+
+
 def test_v1_bundle_imports(sp: Sp, tmp_path: Path) -> None:
     source = v1_copy("plain", tmp_path)
     expected = history(sp, str(source), tmp_path)["main"]
@@ -552,10 +573,10 @@ def test_redis_upgrade_killed_at_random_instants(
 # -- the conformance suites on upgraded v1 stores -------------------------------------------
 
 
-@pytest.fixture
-def upgraded_v1(tmp_path: Path) -> Iterator[Path]:
-    """A store v1 code created and never wrote, upgraded: the suites' empty starting point."""
-    store = v1_copy("empty", tmp_path)
+@pytest.fixture(params=["empty", "plain"])
+def upgraded_v1(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Path]:
+    """A store v1 code created and never wrote, and one holding v1 history, upgraded."""
+    store = v1_copy(request.param, tmp_path)
     assert stashpoint.upgrade_store(store).format_after == 2
     yield store / "store.db"
 
@@ -566,9 +587,21 @@ class TestUpgradedV1Engine(EngineConformance):
         return f"sqlite://{upgraded_v1}"
 
 
-class TestUpgradedV1SqliteStore(MetadataStoreConformance):
+class TestUpgradedV1FileEngine(EngineConformance):
     @pytest.fixture
-    def make_store(self, upgraded_v1: Path) -> Callable[[], MetadataStore]:
+    def store_url(self, tmp_path: Path) -> str:
+        store = v1_copy("files", tmp_path)
+        assert stashpoint.upgrade_store(f"file://{store}").format_after == 2
+        return f"file://{store}"
+
+
+class TestUpgradedV1SqliteStore(MetadataStoreConformance):
+    """The backend suite counts what it wrote: an empty store (one v1 code created)."""
+
+    @pytest.fixture
+    def make_store(self, tmp_path: Path) -> Callable[[], MetadataStore]:
         from stashpoint.stores.sqlite import SqliteStore
 
-        return lambda: SqliteStore(upgraded_v1)
+        store = v1_copy("empty", tmp_path)
+        assert stashpoint.upgrade_store(store).format_after == 2
+        return lambda: SqliteStore(store / "store.db")

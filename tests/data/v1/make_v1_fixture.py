@@ -13,6 +13,7 @@ It writes, next to itself:
   labels, a conversation, workspace files (one large enough to be chunked) and an artifact;
 - ``keyed/``: the same history in a store whose hash chain is keyed with :data:`KEY`;
 - ``files/``: the same history in a file store (``file://``: JSON documents and blob files);
+- ``encrypted/``: a small history in a store encrypted with :data:`ENCRYPTION_KEY`;
 - ``empty/``: a SQLite store opened once and never written (the suites' starting point);
 - ``main.spb``: a bundle of the plain store's ``main`` session.
 
@@ -28,9 +29,18 @@ from pathlib import Path
 
 import stashpoint
 
-STORES = ("plain", "keyed", "files", "empty")
+STORES = ("plain", "keyed", "files", "encrypted", "empty")
 KEY = bytes(range(32))
 """The integrity key of ``keyed/`` (a test key, published here on purpose)."""
+ENCRYPTION_KEY = bytes(range(1, 33))
+"""The encryption key of ``encrypted/`` (a test key too)."""
+
+
+def encrypted(store_dir: Path) -> None:
+    with stashpoint.open(store_dir, encryption_key=ENCRYPTION_KEY) as store:
+        s = store.session("main")
+        s.checkpoint({"messages": [{"role": "user", "content": "secret plan"}]}, label="a")
+        s.checkpoint(append_messages=[{"role": "assistant", "content": "noted"}])
 
 
 def history(store_dir: Path | str, work: Path, key: bytes | None) -> None:
@@ -76,6 +86,7 @@ def main() -> None:
         history(out / "plain", scratch / "plain", None)
         history(out / "keyed", scratch / "keyed", KEY)
         history(f"file://{out / 'files'}", scratch / "files", None)
+        encrypted(out / "encrypted")
         stashpoint.open(out / "empty").close()
         from stashpoint.bundle import export_bundle
 
