@@ -348,15 +348,24 @@ def _stop_after(monkeypatch: pytest.MonkeyPatch, cls: type, steps: int) -> list[
     return done
 
 
-def test_sqlite_upgrade_stopped_inside_its_transaction_leaves_v1(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+@pytest.mark.parametrize("backend", ["sqlite", "postgresql"])
+def test_sql_upgrade_stopped_inside_its_transaction_leaves_v1(
+    request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, backend: str
 ) -> None:
-    """SQLite converts in one transaction: stopped after any number of ref updates, the
-    database file is byte for byte the v1 one (the transaction rolled back)."""
+    """SQLite and PostgreSQL convert in one transaction: stopped after any number of ref
+    updates, the store is exactly the v1 one (the transaction rolled back, the schema change
+    with it)."""
     from stashpoint.stores.refauth import RefSigner
 
-    store = v1_copy("plain", tmp_path)
-    before = files_of(store)
+    if backend == "sqlite":
+        store: str | Path = v1_copy("plain", tmp_path)
+        snapshot: Callable[[], Any] = lambda: files_of(Path(store))  # noqa: E731
+    else:
+        store = request.getfixturevalue("pg_url")
+        monkeypatch.setenv("STASHPOINT_WITNESS", "off")
+        make_pg_v1(store, tmp_path)
+        snapshot = lambda: pg_rows(str(store))  # noqa: E731
+    before = snapshot()
     real = RefSigner.auth
     for stop in range(5):
         calls: list[int] = []
@@ -371,7 +380,7 @@ def test_sqlite_upgrade_stopped_inside_its_transaction_leaves_v1(
             mp.setattr(RefSigner, "auth", auth)
             with pytest.raises(_Crash):
                 stashpoint.upgrade_store(store)
-        assert files_of(store) == before, f"stopped after {stop} ref(s)"
+        assert snapshot() == before, f"stopped after {stop} ref(s)"
         with stashpoint.open(store) as opened:
             assert opened.format == 1
     assert stashpoint.upgrade_store(store).format_after == 2
@@ -530,44 +539,74 @@ def test_v1_store_on_a_server_is_read_as_it_is_then_upgraded(
         assert cp.parent == head_of(seen)
 
 
+SERVER_KILLS = 12
+
+
 @pytest.mark.slow
-def test_redis_upgrade_killed_at_random_instants(
-    request: pytest.FixtureRequest, sp: Sp, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+@pytest.mark.parametrize("backend", ["redis", "postgresql"])
+def test_server_upgrade_killed_at_random_instants(
+    request: pytest.FixtureRequest,
+    sp: Sp,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    backend: str,
 ) -> None:
-    import redis
-
-    url = request.getfixturevalue("redis_url")
+    """``kill -9`` of ``stashpoint upgrade`` against Redis (steps) and PostgreSQL (one
+    transaction, which the server rolls back when the client dies)."""
     monkeypatch.setenv("STASHPOINT_WITNESS", "off")
-    make_redis_v1(url, tmp_path)
-    prefix = url.split("prefix=")[1]
-    saved = redis_dump(url)
-    client = redis.Redis.from_url(url.split("?")[0])
+    if backend == "redis":
+        import redis
 
-    def fresh() -> None:
-        for key in client.scan_iter(match=prefix + "*"):
-            client.delete(key)
-        for key, value in saved.items():
-            client.restore(key, 0, value)
+        url = request.getfixturevalue("redis_url")
+        make_redis_v1(url, tmp_path)
+        prefix = url.split("prefix=")[1]
+        saved = redis_dump(url)
+        client = redis.Redis.from_url(url.split("?")[0])
+
+        def fresh() -> None:
+            for key in client.scan_iter(match=prefix + "*"):
+                client.delete(key)
+            for key, value in saved.items():
+                client.restore(key, 0, value)
+    else:
+        import psycopg
+
+        url = request.getfixturevalue("pg_url")
+        schema = url.rsplit("%3D", 1)[1]
+
+        def fresh() -> None:
+            with psycopg.connect(url, autocommit=True) as db:
+                db.execute(f"DROP SCHEMA {schema} CASCADE")
+                db.execute(f"CREATE SCHEMA {schema}")
+            make_pg_v1(url, tmp_path / "copy")
+            shutil.rmtree(tmp_path / "copy")
+
+        fresh()
 
     seen = history(sp, url, tmp_path)
     env = {**cli_env(tmp_path), "STASHPOINT_WITNESS": "off"}
     duration = measure(lambda: sp("--store", url, "upgrade"), 3, reset=fresh)
     rng = random.Random(SEED + 1)
     killed = 0
-    for i in range(4 * 12):
-        if killed == 12:
+    outcomes: dict[int, int] = {1: 0, 2: 0}
+    for i in range(4 * SERVER_KILLS):
+        if killed == SERVER_KILLS:
             break
         fresh()
         code, _ = run_killed(["--store", url, "upgrade"], tmp_path, env, rng.uniform(0, duration))
         killed += code != 0
         report = json.loads(sp("--store", url, "verify", "--json", cwd=tmp_path).out)
-        assert report["ok"] and report["format"] in (1, 2), (i, report)
+        assert report["ok"], (i, report)
+        outcomes[report["format"]] += 1
+        assert history(sp, url, tmp_path) == seen, f"kill {i}"
         sp("--store", url, "upgrade", cwd=tmp_path)
         report = json.loads(sp("--store", url, "verify", "--json", cwd=tmp_path).out)
         assert report["ok"] and report["format"] == 2, (i, report)
-        assert history(sp, url, tmp_path) == seen
-    client.close()
-    assert killed == 12, f"only {killed} upgrades were killed mid-way"
+        assert history(sp, url, tmp_path) == seen, f"kill {i}, upgraded again"
+    if backend == "redis":
+        client.close()
+    assert killed == SERVER_KILLS, f"only {killed} upgrades were killed mid-way"
+    print(f"upgrade kills ({backend}): {killed}; opened afterwards as format 1/2: {outcomes}")
 
 
 # -- the conformance suites on upgraded v1 stores -------------------------------------------
