@@ -75,14 +75,17 @@ def test_many_processes_opening_a_new_store_at_once_migrate_it_once(pg_url: str)
         assert db.execute("SELECT version FROM sp_version").fetchall() == [(SCHEMA_VERSION,)]
 
 
-def test_an_older_schema_is_upgraded_on_open(
+def test_an_older_schema_is_read_as_it_is_and_upgraded_on_request(
     pg_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A store written by the previous schema version (no leases, no server-side commit, no
-    ref auth) keeps its checkpoints and gains the new parts when a newer stashpoint opens it."""
+    """A store written by an older schema version (no leases, no server-side commit, no ref
+    auth) keeps its checkpoints: a newer stashpoint brings it to format 1's schema as that
+    version did, reads it without writing, refuses writes until `upgrade`, and afterwards
+    writes, leases and commits on the server as usual."""
     import psycopg
 
     import stashpoint
+    from stashpoint.errors import UpgradeRequired
 
     # An older version kept no rollback witness; this one must not compare the store, whose
     # head loses its sequence number below, with what it saw a moment ago.
@@ -97,6 +100,13 @@ def test_an_older_schema_is_upgraded_on_open(
         db.execute("ALTER TABLE sp_heads DROP COLUMN auth")
         db.execute("ALTER TABLE sp_labels DROP COLUMN auth")
         db.execute("UPDATE sp_version SET version = 2")
+    with stashpoint.open(pg_url) as store:
+        assert store.format == 1
+        run = store.session("s")
+        assert run.state(first.id) == {"n": 1}
+        with pytest.raises(UpgradeRequired):
+            run.checkpoint({"n": 2})
+    assert stashpoint.upgrade_store(pg_url).format_after == 2
     with stashpoint.open(pg_url) as store:
         run = store.session("s")
         second = run.checkpoint({"n": 2})

@@ -61,11 +61,13 @@ _EXPORTS = {
     "Task": "stashpoint.durable",
     "ToolRejected": "stashpoint.errors",
     "Trial": "stashpoint.trial",
+    "UpgradeRequired": "stashpoint.errors",
     "UsageError": "stashpoint.errors",
     "ValidationError": "stashpoint.errors",
     "current_effect_key": "stashpoint.durable",
     "generate_key": "stashpoint.crypto",
     "open": "stashpoint.opening",
+    "upgrade_store": "stashpoint.opening",
     "open_async": "stashpoint.aio",
     "register_type": "stashpoint.serde",
 }
@@ -113,6 +115,7 @@ __all__ = [
     "Task",
     "ToolRejected",
     "Trial",
+    "UpgradeRequired",
     "UsageError",
     "ValidationError",
     "__version__",
@@ -121,6 +124,7 @@ __all__ = [
     "open",
     "open_async",
     "register_type",
+    "upgrade_store",
 ]
 
 if TYPE_CHECKING:
@@ -155,12 +159,14 @@ if TYPE_CHECKING:
         StepFailed,
         StoreError,
         ToolRejected,
+        UpgradeRequired,
         UsageError,
         ValidationError,
     )
     from .lease import Lease
     from .model import ArtifactRef, Checkpoint
     from .opening import open_store as open
+    from .opening import upgrade_store
     from .redact import Redactor
     from .serde import register_type
     from .session import RewindResult, Session

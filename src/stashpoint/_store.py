@@ -20,6 +20,7 @@ from .durability import DURABILITY_META, Durability, GroupCommit, resolve
 from .errors import IntegrityError, NotFoundError, PrunedError, UsageError
 from .integrity import ChainHasher
 from .model import Checkpoint, utc_now_iso
+from .stores import formats
 from .stores.base import CheckpointRow, Fence, LogInfo, MessageRow, MetadataStore
 from .stores.refauth import AuthenticatedRefs, RefSigner
 from .stores.registry import ignore_store_dir
@@ -83,16 +84,29 @@ class Store:
         if self.cipher is not None:
             key = key if key is not None else self.cipher.mac_key
         try:
+            self.format = formats.detect(meta)
+            """The store's format version (:mod:`.stores.formats`); an older one is read as
+            it is and written only after ``stashpoint upgrade``."""
+            self.backend = meta
+            """The backend itself, below every wrapper (an upgrade converts its rows)."""
+            if self.format < formats.CURRENT:
+                meta = formats.FormatV1Store(meta)
             store_id = meta.get_meta(metakeys.STORE_ID)
             if store_id is None:
                 store_id = uuid.uuid4().hex
-                meta.set_meta(metakeys.STORE_ID, store_id)
+                if self.format == formats.CURRENT:
+                    meta.set_meta(metakeys.STORE_ID, store_id)  # else: named by its upgrade
             self.id = store_id
             self.refs = AuthenticatedRefs(meta, RefSigner(key, store_id))
             """The ref layer, right above the backend: heads and labels signed and verified
             (:mod:`.stores.refauth`)."""
-            _check_integrity_key(self.refs, key, explicit=key is not None and self.cipher is None)
-            if key is not None:
+            _check_integrity_key(
+                self.refs,
+                key,
+                explicit=key is not None and self.cipher is None,
+                record=self.format == formats.CURRENT,
+            )
+            if key is not None and self.format == formats.CURRENT:
                 from .crypto import integrity_key_id
 
                 self.refs.authenticate(integrity_key_id(key))
@@ -122,6 +136,8 @@ class Store:
         """Files and directories of the store itself: never part of a workspace snapshot
         (a workspace may hold its store; restoring an old copy over it would wipe it)."""
         self.blobs = Blobs(meta, blob_store, cipher=self.cipher)
+        if self.format < formats.CURRENT:
+            self.blobs.read_only = formats.upgrade_hint(self.url)
         self.witness: Witness | None = None
         """The rollback witness (:mod:`stashpoint.witness`), set by :func:`stashpoint.open`."""
         self.hasher = ChainHasher(key, self.cipher)
@@ -441,13 +457,16 @@ def config_hash(config: Any) -> str | None:
     return hashlib.sha256(data).hexdigest()
 
 
-def _check_integrity_key(refs: AuthenticatedRefs, key: bytes | None, *, explicit: bool) -> None:
+def _check_integrity_key(
+    refs: AuthenticatedRefs, key: bytes | None, *, explicit: bool, record: bool = True
+) -> None:
     """A keyed store says so (the key's id, never the key): opened without its key, or with
     another, it is refused with a message saying which, instead of every record looking
     damaged. A store first opened with a key is marked keyed. (An encrypted store's chain is
     keyed by its encryption key, which it checks itself.) The ref marker
     (:data:`~stashpoint.metakeys.REF_AUTH`, a MAC over the store id and the key id) tells an
-    altered or removed marker from a wrong key."""
+    altered or removed marker from a wrong key. ``record`` false (a store in an older format,
+    read as it is): a store not marked keyed yet is not marked now; its upgrade does it."""
     from . import metakeys
     from .crypto import integrity_key_id
 
@@ -470,7 +489,8 @@ def _check_integrity_key(refs: AuthenticatedRefs, key: bytes | None, *, explicit
     assert key is not None
     kid = integrity_key_id(key)
     if recorded is None:
-        meta.set_meta(metakeys.INTEGRITY, kid)
+        if record:
+            meta.set_meta(metakeys.INTEGRITY, kid)
     elif recorded != kid:
         if signed is not None and refs.signer.marker_ok(signed, kid):
             raise IntegrityError(

@@ -8,7 +8,8 @@ stable CLI exit code.
     │   ├── RestoreRefused               exit 1   a restore would write where the user did not point
     │   ├── RestoreBlocked               exit 1   a restore would overwrite files no snapshot holds
     │   │   └── RestoreImpossible        exit 1   the target filesystem cannot hold a path
-    │   └── ClashError                   exit 1   an imported id or branch differs from the store's
+    │   ├── ClashError                   exit 1   an imported id or branch differs from the store's
+    │   └── UpgradeRequired              exit 1   a write to a store in an older format
     ├── NotFoundError                    exit 1   unknown checkpoint, session or branch
     │   └── PrunedError                  exit 1   the checkpoint's state and files were released
     ├── SerializationError               exit 1   a value of a type the allowlist does not know
@@ -64,6 +65,7 @@ __all__ = [
     "StepFailed",
     "StoreError",
     "ToolRejected",
+    "UpgradeRequired",
     "UsageError",
     "ValidationError",
 ]
@@ -98,6 +100,11 @@ class StoreError(StashpointError):
 
 class SchemaVersionError(StoreError):
     """The store or a record uses a format version this stashpoint does not understand."""
+
+
+class UpgradeRequired(UsageError):
+    """A write to a store in an older format (it reads as it is, but is written only in the
+    current format): ``stashpoint upgrade`` converts it. Nothing was written."""
 
 
 class IntegrityError(StashpointError):

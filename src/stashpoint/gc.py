@@ -54,6 +54,7 @@ from .errors import (
     GcBusy,
     IntegrityError,
     NotFoundError,
+    UpgradeRequired,
 )
 from .model import Checkpoint
 from .stores.base import BlobInfo, CheckpointRow
@@ -292,6 +293,8 @@ def collect(
     ``lock_wait`` is how long to keep trying to hold the store alone.
     """
     t0 = time.monotonic()
+    if store.blobs.read_only is not None and not dry_run:
+        raise UpgradeRequired(store.blobs.read_only)  # before its lock file is made
     grace = DEFAULT_GRACE if grace is None else max(0.0, grace)
     report = GcReport(dry_run=dry_run, grace=grace)
     meta, local = store.meta, store.blobs.local

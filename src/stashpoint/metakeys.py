@@ -21,6 +21,7 @@ __all__ = [
     "COMPENSATE",
     "DURABILITY",
     "ENCRYPTION",
+    "FORMAT",
     "GC_EPOCH",
     "GC_LOGS",
     "GC_PACKS",
@@ -60,6 +61,10 @@ STORE_ID = "store_id"
 """A random id naming the store (an S3 blob prefix is claimed with it before opening)."""
 BLOBS_URL = "blobs_url"
 """Where the store keeps its blobs (``s3://…``): needed to open the store at all."""
+FORMAT = "format"
+"""The store's format version (:mod:`stashpoint.stores.formats`): read while opening, to tell
+a store in an older format (read as it is, written after ``stashpoint upgrade``) or a newer one
+(refused) from a current one. Written last by an upgrade, so it is the upgrade's commit."""
 
 INTEGRITY = "integrity"
 """The id (not the key) of the key a keyed hash chain is sealed with: read while opening, to
@@ -71,7 +76,7 @@ head and label carries a MAC (:mod:`stashpoint.stores.refauth`), and the ``integ
 and store id are authentic. Read while opening, below encryption; holds only a MAC."""
 
 PLAINTEXT: frozenset[str] = frozenset(
-    {GC_EPOCH, ENCRYPTION, DURABILITY, STORE_ID, BLOBS_URL, INTEGRITY, REF_AUTH}
+    {GC_EPOCH, ENCRYPTION, DURABILITY, STORE_ID, BLOBS_URL, FORMAT, INTEGRITY, REF_AUTH}
 )
 """The only meta keys whose values an encrypted store keeps in plaintext."""
 

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import os
 import uuid
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from . import metakeys
 from ._store import Store
@@ -17,10 +19,14 @@ from .blobs.backend import BlobBackend
 from .durability import Durability
 from .errors import StoreError, UsageError
 from .stores.base import MetadataStore
+from .stores.formats import CURRENT as CURRENT_FORMAT
 from .stores.registry import get_backend
 from .urls import parse_store_url
 
-__all__ = ["open_store"]
+if TYPE_CHECKING:
+    from .upgrade import UpgradeReport
+
+__all__ = ["open_store", "upgrade_store"]
 
 
 def open_store(
@@ -128,7 +134,9 @@ def open_store(
     )
     store.own_paths += opened.own_paths
     store.upkeep = _upkeep
-    if parsed.scheme != "memory":
+    # A store in an older format has no numbered refs to witness, and no record of being
+    # keyed: a wrong key would be remembered with it. Witnessed from its upgrade on.
+    if parsed.scheme != "memory" and store.format == CURRENT_FORMAT:
         try:
             _attach_witness(store, accept_rollback)
         except BaseException:
@@ -136,6 +144,31 @@ def open_store(
             store.close()
             raise
     return store
+
+
+def upgrade_store(
+    url: str | os.PathLike[str] | None = None,
+    *,
+    key: bytes | None = None,
+    encryption_key: bytes | None = None,
+    dry_run: bool = False,
+    progress: Callable[[int, int], None] | None = None,
+) -> UpgradeReport:
+    """Convert the store at ``url`` from an older format to the current one (what
+    ``stashpoint upgrade`` does; see :mod:`stashpoint.upgrade`), then open it again and read
+    every head and label back through the authenticated ref layer.
+
+    Keys as for :func:`open_store`: a keyed store's refs are signed with the key given here.
+    A store in the current format is left as it is."""
+    from .upgrade import check_upgraded, upgrade
+
+    with open_store(url, key=key, encryption_key=encryption_key) as store:
+        report = upgrade(store, dry_run=dry_run, progress=progress)
+    if not dry_run and report.format_before < report.format_after:
+        with open_store(store.url, key=key, encryption_key=encryption_key) as again:
+            check_upgraded(again)
+            report.format_after = again.format
+    return report
 
 
 def _attach_witness(store: Store, accept: bool | None) -> None:

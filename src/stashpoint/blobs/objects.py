@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, NamedTuple
 
 import zstandard
 
-from ..errors import IntegrityError, NotFoundError, PackMissing
+from ..errors import IntegrityError, NotFoundError, PackMissing, UpgradeRequired
 from ..stores.base import BlobRow, MetadataStore
 from .backend import BlobBackend
 
@@ -112,6 +112,9 @@ class Blobs:
         self._tls = threading.local()
         self._dctx = zstandard.ZstdDecompressor()
         self._pool: ThreadPoolExecutor | None = None
+        self.read_only: str | None = None
+        """Why no blob may be written (a store in an older format), or None: checked before
+        a snapshot writes its first chunk or pack, so a refused one leaves no file behind."""
 
     def close(self) -> None:
         """Release the local directory's store lock (GC waits for every open store)."""
@@ -322,6 +325,8 @@ class Blobs:
         return self.local.has(digest) and not self.meta.condemned_among([digest])
 
     def writer(self) -> BlobWriter:
+        if self.read_only is not None:
+            raise UpgradeRequired(self.read_only)
         self.meta.writers.begin()
         return BlobWriter(self)
 

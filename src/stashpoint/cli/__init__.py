@@ -116,6 +116,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
             "was exported from (or a new one: --as NAME)."
         ),
     ),
+    "upgrade": (
+        "upgrade_cmd:upgrade",
+        "Convert a store written by an older stashpoint (format 1) to the current format.",
+    ),
     "copy": (
         "copying:copy_cmd",
         "Copy sessions from one store to another: SQLite, PostgreSQL, Redis, memory, S3 blobs.",

@@ -633,6 +633,7 @@ def verify(ctx: Ctx, mirror: str | None, witness: bool) -> None:
       stashpoint verify || echo "store damaged"
       stashpoint --mirror postgresql://db/agents verify --mirror --json
     """
+    from ..stores.formats import CURRENT as CURRENT_FORMAT
     from ..verify import verify_store
 
     if mirror is not None:
@@ -644,6 +645,7 @@ def verify(ctx: Ctx, mirror: str | None, witness: bool) -> None:
     with ByteProgress("verify", enabled=not ctx.json) as progress:
         report = verify_store(store, progress=progress)
     out = report.to_dict()
+    out["format"] = store.format
     if witness:
         w = store.witness
         out["witness"] = (
@@ -670,9 +672,14 @@ def verify(ctx: Ctx, mirror: str | None, witness: bool) -> None:
             click.echo(click.style("damaged: ", fg="red") + p.message, err=True)
         click.echo(
             f"{report.checkpoints} checkpoints, {report.blobs} blobs "
-            f"({size_text(report.bytes)}) checked: "
+            f"({size_text(report.bytes)}) checked (store format {store.format}): "
             + ("ok" if report.ok else f"{len(report.problems)} problem(s)")
         )
+        if store.format < CURRENT_FORMAT:
+            click.echo(
+                f"store format {store.format} is read as it is; `stashpoint upgrade` converts "
+                f"it to format {CURRENT_FORMAT} (needed before anything writes to it)"
+            )
     if not report.ok:
         raise SystemExit(EXIT_INTEGRITY)
 

@@ -100,6 +100,7 @@ class SqlStore(MetadataStore):
 
     param = "?"
     prefix = ""
+    format_v1: bool | None = False  # a subclass that opened a schema-3 store says so
 
     def sql(self, text: str) -> str:
         return text.replace("{t}", self.prefix).replace("?", self.param)

@@ -561,6 +561,9 @@ class MetadataStore(
     atomic_unlink: bool = True
     capabilities: frozenset[Capability] = frozenset(Capability)
     """The optional capabilities this backend really implements (all, for the built-in ones)."""
+    format_v1: bool | None = None
+    """Whether the backend's own layout version (a SQL schema, a file store's layout) is the
+    one of store format 1 (:mod:`.formats`); None: the backend has none of its own."""
 
     def __init__(self) -> None:
         self.writers = WriterRegistry()

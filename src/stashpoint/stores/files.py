@@ -75,8 +75,11 @@ from .base import (
 
 __all__ = ["FileStore"]
 
-LAYOUT_VERSION = 1
-"""Version of the directory layout and document shape; newer ones are refused."""
+LAYOUT_VERSION = 2
+"""2: refs carry ``auth`` strings (``heads.auth.json``, ``labels.auth.json``) and the store its
+format (:mod:`.formats`); 1: format 1, read as it is until upgraded (a version that wrote 1
+refuses 2, so it never writes unauthenticated refs into an upgraded store). Version of the
+directory layout and document shape; newer ones are refused."""
 
 _NAME = re.compile(r"[0-9A-Za-z][0-9A-Za-z_-]{0,63}")
 """Checkpoint ids and log ids become file names: anything else is refused (no ``../``)."""
@@ -112,6 +115,8 @@ class FileStore(FileDir, MetadataStore):
             version = self._read_json("meta.json", {}).get("layout_version")
             if version is None:
                 self._apply({"meta.json": _pretty({"layout_version": str(LAYOUT_VERSION)})})
+            elif int(version) < LAYOUT_VERSION:
+                self.format_v1 = True  # read as it is; `stashpoint upgrade` converts it
             elif int(version) > LAYOUT_VERSION:
                 raise SchemaVersionError(
                     f"file store {self.root} has layout {version}; this stashpoint reads up "
@@ -454,6 +459,7 @@ class FileStore(FileDir, MetadataStore):
         heads: dict[str, dict[str, str]] = self._read_json("heads.json", {})
         return heads
 
+    format_v1: bool | None = False
     ref_auth = True
     """Refs' ``auth`` strings live in ``heads.auth.json`` and ``labels.auth.json``, written in
     the same atomic batch as the refs (older versions ignore them; their ref writes then leave

@@ -248,4 +248,5 @@ class ForwardingStore(
         self.atomic_unlink = inner.atomic_unlink
         self.capabilities = inner.capabilities
         self.ref_auth = inner.ref_auth
+        self.format_v1 = inner.format_v1
         self.writers = inner.writers  # shared: the backend's commit ends a write begun here

@@ -30,6 +30,7 @@ __all__ = ["MemoryStore"]
 
 class MemoryStore(MetadataStore):
     ref_auth = True
+    format_v1: bool | None = False  # never holds an older version's data
 
     def __init__(self) -> None:
         super().__init__()

@@ -49,6 +49,8 @@ from .base import Commit, LogAppend
 __all__ = ["PostgresStore"]
 
 SCHEMA_VERSION = 4
+V1_SCHEMA = 3
+"""The schema of format 1 (:mod:`.formats`): a store at it opens read-only until upgraded."""
 _LOCK_KEY = 0x5354_4153_4850_4F49  # "STASHPOI": serialises concurrent migrations
 
 FUNCTIONS = """
@@ -342,26 +344,38 @@ class PostgresStore(SqlStore):
             rows = []  # no table yet (or no right to read it: the locked path says which)
         if rows and rows[0][0] == SCHEMA_VERSION:
             return
+        if rows and rows[0][0] == V1_SCHEMA:
+            self._read_as_v1()
+            return
 
-        def do(cur: Any) -> None:
+        def do(cur: Any) -> int:
             cur.execute("SELECT pg_advisory_xact_lock(%s)", (_LOCK_KEY,))
             cur.execute("CREATE TABLE IF NOT EXISTS sp_version(version INTEGER NOT NULL)")
             cur.execute("SELECT version FROM sp_version")
             row = cur.fetchone()
-            version = row[0] if row else 0
+            version = int(row[0]) if row else 0
             if version > SCHEMA_VERSION:
                 raise SchemaVersionError(
                     f"PostgreSQL store has schema version {version}; this stashpoint knows up "
                     f"to {SCHEMA_VERSION}: upgrade stashpoint"
                 )
-            for v in range(version, SCHEMA_VERSION):
+            # Format 1 (schema 3, or older: brought to 3 as its own version did) is read as it
+            # is: schema 4 is part of `stashpoint upgrade` (.migrate), never of an open.
+            target = SCHEMA_VERSION if version in (0, SCHEMA_VERSION) else V1_SCHEMA
+            for v in range(version, target):
                 cur.execute(MIGRATIONS[v])
             if version == 0:
-                cur.execute("INSERT INTO sp_version(version) VALUES (%s)", (SCHEMA_VERSION,))
-            elif version < SCHEMA_VERSION:
-                cur.execute("UPDATE sp_version SET version=%s", (SCHEMA_VERSION,))
+                cur.execute("INSERT INTO sp_version(version) VALUES (%s)", (target,))
+            elif version < target:
+                cur.execute("UPDATE sp_version SET version=%s", (target,))
+            return max(version, target)
 
-        self._tx(do)
+        if self._tx(do) < SCHEMA_VERSION:
+            self._read_as_v1()
+
+    def _read_as_v1(self) -> None:
+        self.format_v1 = True
+        self.ref_auth = False
 
     def _tx(self, fn: Callable[..., Any], *args: Any) -> Any:
         try:

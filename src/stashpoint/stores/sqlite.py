@@ -38,6 +38,8 @@ except ImportError:  # pragma: no cover - Windows: SQLite's own locking only
 __all__ = ["SqliteStore"]
 
 SCHEMA_VERSION = 4
+V1_SCHEMA = 3
+"""The schema of format 1 (:mod:`.formats`): a store at it opens read-only until upgraded."""
 WAL_GROW_AFTER = 3
 """Checkpoints a connection commits before it pre-sizes the WAL: a CLI run that commits once
 or twice never pays for it (~6 ms for 4 MiB), an agent loop pays once, at its third."""
@@ -140,16 +142,24 @@ class SqliteStore(SqlStore):
                 f"store {self.path} has schema version {version}; this stashpoint knows "
                 f"up to {SCHEMA_VERSION}: upgrade stashpoint"
             )
-        if version == SCHEMA_VERSION:
+        # A store written by format 1 (schema 3, or older: brought to 3 as its own version
+        # did) is read as it is: schema 4 is part of ``stashpoint upgrade``
+        # (:mod:`.migrate`), never a side effect of opening it.
+        self.format_v1 = 0 < version < SCHEMA_VERSION
+        self.ref_auth = not self.format_v1
+        target = V1_SCHEMA if self.format_v1 else SCHEMA_VERSION
+        if version >= target:
             return
 
         def do(db: sqlite3.Connection) -> None:
             current = db.execute("PRAGMA user_version").fetchone()[0]
-            for v in range(current, SCHEMA_VERSION):
+            if current >= target:
+                return  # another process migrated it meanwhile
+            for v in range(current, target):
                 for stmt in MIGRATIONS[v].split(";"):
                     if stmt.strip():
                         db.execute(stmt)
-            db.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
+            db.execute(f"PRAGMA user_version={target}")
 
         self._tx(do)
 
