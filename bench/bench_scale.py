@@ -153,7 +153,9 @@ def _sp_worker(
                 raise
 
         store.meta.commit = counting  # type: ignore[method-assign]
-        run = store.session(session, workspace=root)
+        # A shared session's workers each snapshot a directory of their own into one branch:
+        # each names its directory explicitly (a branch is otherwise bound to one directory).
+        run = store.session(session, workspace=root, bind=shared)
 
         def state(i: int) -> dict[str, Any]:
             if shared:
