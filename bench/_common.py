@@ -1,4 +1,4 @@
-"""Shared pieces of the benchmarks: timing, result rows with SPEC §4 bars, the shadow-git peer.
+"""Shared pieces of the benchmarks: timing, result rows with their bars, the shadow-git peer.
 
 Every benchmark returns a list of rows (dicts) that ``run_all`` prints as a table and writes as
 JSON. A row compares a stashpoint median with a peer's median (or with a fixed bar) and says

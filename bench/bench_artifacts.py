@@ -1,4 +1,4 @@
-"""Artifacts (SPEC C25): a 1 GiB file attached, changed, fetched; beside fixed-size chunking.
+"""Artifacts: a 1 GiB file attached, changed, fetched; beside fixed-size chunking.
 
 The file is dense random data (the worst case: nothing compresses, every byte is hashed and
 cut), 1 GiB (``--quick``: 256 MiB). Measured through the API in this process:

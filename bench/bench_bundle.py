@@ -1,6 +1,6 @@
 """Portable bundles: export and import throughput beside ``tar --zstd`` of the same data.
 
-The history: the 10k-file workspace (SPEC §4 generator), then ``CHECKPOINTS`` checkpoints, each
+The history: the 10k-file workspace, then ``CHECKPOINTS`` checkpoints, each
 after appending to 3 files (an agent's edit), each adding a user and an assistant message to
 the conversation (``--quick``: 1k files, 30 checkpoints).
 

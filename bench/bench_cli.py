@@ -1,4 +1,4 @@
-"""CLI cold start: ``stashpoint --help`` in a fresh process, as an agent hook pays it (SPEC C19).
+"""CLI cold start: ``stashpoint --help`` in a fresh process, as an agent hook pays it.
 
 Context rows: the bare interpreter (``python -c pass``, the floor nobody can beat from
 Python), the same ``--help`` without a bytecode cache (what an editable install under

@@ -1,4 +1,4 @@
-"""What each durability level costs per state checkpoint, on SQLite and PostgreSQL (SPEC C23).
+"""What each durability level costs per state checkpoint, on SQLite and PostgreSQL.
 
 The workload of ``bench_state``: a conversation growing by 2 messages (~500 B each) per step,
 one state checkpoint per step, one session. For each backend and level: the median and p99

@@ -1,6 +1,6 @@
 """Durable-step overhead: ``@run.step`` vs DBOS's ``@DBOS.step`` on SQLite vs a plain call.
 
-The workload (SPEC §4, "durable-step overhead"): a program that calls a no-op step N times.
+The workload: a program that calls a no-op step N times.
 The overhead per step is ``(time of the program with N steps - time with 0 steps) / N``, so
 what a run pays once (starting it, the final checkpoint, DBOS's workflow row) cancels out and
 what is left is the price of one recorded step. Medians over ``reps`` repetitions.
@@ -42,7 +42,7 @@ from typing import IO, Any
 import stashpoint
 from _common import Config, Floor, median, row
 
-BAR = 0.25  # stashpoint's per-step overhead <= 0.25x DBOS's (SPEC §4)
+BAR = 0.25  # stashpoint's per-step overhead <= 0.25x DBOS's
 KINDS = ("sync", "async")
 DBOS_MODES = {"default": "DBOS", "wal": "DBOS (WAL)"}
 SYNCHRONOUS = {0: "OFF", 1: "NORMAL", 2: "FULL", 3: "EXTRA"}

@@ -1,6 +1,6 @@
 """One LangGraph graph, two checkpointers: stashpoint's saver vs LangGraph's SqliteSaver.
 
-The workload (SPEC §4, issue 5): a ``StateGraph(MessagesState)`` whose one node appends a user
+The workload: a ``StateGraph(MessagesState)`` whose one node appends a user
 and an assistant message of ~500 B each (``workload.conversation``) and loops, 1,000 steps in
 one run with ``durability="sync"`` (each checkpoint is saved before the next step starts), on
 thread ``bench``. LangGraph drives both savers the same way: ``put`` per step with the whole
@@ -419,7 +419,7 @@ def run(cfg: Config) -> dict[str, Any]:
         "consecutive puts: the node, put_writes (one more durable commit per step, for both "
         "savers) and put, with LangGraph's own work (its add_messages reducer is O(n))",
         "sizes: db + -wal + -shm after PRAGMA wal_checkpoint(TRUNCATE); bar: 2x raw message "
-        "bytes (compact JSON of role + content) + 1 KiB per checkpoint (SPEC §4)",
+        "bytes (compact JSON of role + content) + 1 KiB per checkpoint",
         "list() returns LangGraph tuples with every channel value and pending write decoded "
         "(both savers); stashpoint decodes each message once per saver (kept for later reads, "
         "an LRU of 64 conversation logs), LangGraph's saver once per checkpoint per call. "

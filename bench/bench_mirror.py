@@ -1,4 +1,4 @@
-"""What the plain-file store and mirrored writes cost per state checkpoint (SPEC C24, C29).
+"""What the plain-file store and mirrored writes cost per state checkpoint.
 
 The workload of ``bench_state``: a conversation growing by 2 messages (~500 B each) per step,
 one state checkpoint per step, every store at its default durability (fsync per checkpoint).

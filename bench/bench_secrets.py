@@ -1,10 +1,10 @@
-"""What redaction and encryption at rest cost (SPEC C21): the same work, four ways.
+"""What redaction and encryption at rest cost: the same work, four ways.
 
-- state: the SPEC §4 conversation workload (each step adds 2 messages of ~500 B and checkpoints
+- state: the conversation workload (each step adds 2 messages of ~500 B and checkpoints
   the whole list, state only) for ``steps`` steps; median per-step latency, on ``memory://``
   (no fsync: on a shared machine the fsync's jitter hides a CPU cost of this size) and on
   SQLite (what users see).
-- first snapshot: a fresh ``files``-file workspace (SPEC §4 generator), first checkpoint.
+- first snapshot: a fresh ``files``-file workspace, first checkpoint.
 
 - scrub: the redactor alone on each message of the conversation (~500 B of prose each), in
   process CPU time (the load of other processes on a shared machine counts less), per message:

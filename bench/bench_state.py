@@ -1,6 +1,6 @@
 """State checkpoints of a growing conversation: stashpoint vs LangGraph SqliteSaver vs the floor.
 
-The workload (SPEC §4): each step adds 2 messages of ~500 B and checkpoints the whole
+The workload: each step adds 2 messages of ~500 B and checkpoints the whole
 conversation, state only, for 1,000 steps. stashpoint is handed the full message list each
 step (as an agent would) and stores it as an append-only log; LangGraph's SqliteSaver gets what
 LangGraph's loop hands it: a checkpoint whose ``channel_values`` hold the full list, one
@@ -265,11 +265,11 @@ def run(cfg: Config) -> dict[str, Any]:
         "each fsync ~0.1 ms dearer)",
         "sizes: db + -wal + -shm files after PRAGMA wal_checkpoint(TRUNCATE); no VACUUM. "
         "Raw message bytes: compact JSON of each message, summed",
-        "store size bar: 2x raw message bytes + 1 KiB per checkpoint (SPEC §4); "
+        "store size bar: 2x raw message bytes + 1 KiB per checkpoint; "
         f"list bar: {LIST_BAR_MS:g} ms; flatness: (checkpoint/floor at the last step) / "
         f"(checkpoint/floor at step 10) <= {FLAT_BAR}, our reading of 'flat'",
         "stashpoint at NORMAL is built from internal classes (Store + SqliteStore(synchronous="
-        "'NORMAL')): stashpoint.open() has no durability option (SPEC C23) yet",
+        "'NORMAL')): stashpoint.open() has no durability option yet",
         "list: stashpoint Session.history() (verifies every record and chain link); "
         "LangGraph: iterating SqliteSaver.list() (deserialises every checkpoint)",
         f"LangGraph steps: {cfg.lg_steps:,}; list repetitions: "

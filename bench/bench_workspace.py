@@ -1,4 +1,4 @@
-"""Workspace snapshots and rewind, stashpoint vs a shadow git repository (SPEC §4).
+"""Workspace snapshots and rewind, stashpoint vs a shadow git repository.
 
 How the comparison is kept fair and honest:
 
@@ -50,7 +50,7 @@ from workload import Workspace, count_files, fingerprint, make_workspace, modify
 from workload import mutate_for_rewind as mutate
 
 BARS = {"first": 0.15, "inc1": 0.75, "inc100": 0.5, "rewind": 0.75}
-WATCH_BARS = {"inc1": 0.15, "inc100": 0.5, "rewind": 0.75}  # SPEC §4: watch mode, 1 changed
+WATCH_BARS = {"inc1": 0.15, "inc100": 0.5, "rewind": 0.75}  # watch mode, 1 changed
 DAEMON_BARS = {"inc1": 0.5, "inc100": 0.5, "rewind": 0.75}  # the CLI served by `watch start`
 GIT, GIT_FS = "git", "git fsync=all"
 

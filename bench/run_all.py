@@ -1,9 +1,9 @@
-"""Run the SPEC §4 benchmarks, print one table each, write ``bench/results/<name>.json``.
+"""Run the benchmarks, print one table each, write ``bench/results/<name>.json``.
 
     python bench/run_all.py                 # full sizes (10k files, 1,000 steps): a few minutes
     python bench/run_all.py --quick         # smoke test: 1k files, 200 steps, fewer repetitions
     python bench/run_all.py --only state --only cli
-    python bench/run_all.py --files 50000   # the 1k / 10k / 50k workspaces of SPEC §4
+    python bench/run_all.py --files 50000   # the 1k / 10k / 50k workspaces
 
 Peers run in the same run as stashpoint, one after the other (never concurrently),
 so the ratios compare like with like on this machine.

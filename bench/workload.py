@@ -1,4 +1,4 @@
-"""Deterministic workloads for the SPEC §4 benchmarks: a workspace and an agent conversation.
+"""Deterministic workloads for the benchmarks: a workspace and an agent conversation.
 
 Everything is derived from a seeded ``random.Random``, so two runs (and stashpoint and its peers
 within one run) see byte-identical files and messages. The workspace mimics a real project:
@@ -195,7 +195,7 @@ def _unlink(ws: Workspace, paths: list[str]) -> None:
 def mutate_for_rewind(
     ws: Workspace, *, seed: int, modified: int = 100, created: int = 10, deleted: int = 10
 ) -> dict[str, list[str]]:
-    """The rewind workload: 100 modified + 10 created + 10 deleted files (SPEC §4).
+    """The rewind workload: 100 modified + 10 created + 10 deleted files.
 
     ``ws`` itself is left as it was (a copy of its file lists is changed), so the same call
     after a restore reproduces exactly the same tree, byte for byte.

@@ -1,4 +1,4 @@
-"""Artifacts (SPEC C25): large files outside the workspace, attached to checkpoints by name.
+"""Artifacts: large files outside the workspace, attached to checkpoints by name.
 
 Driven through the CLI as a user types it (``snap --artifact``, ``show --artifact -o``,
 ``rewind --artifacts``) on real files and a real SQLite store with a local blob directory.

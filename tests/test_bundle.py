@@ -1,4 +1,4 @@
-"""Portable bundles (SPEC C15, §5 "malicious bundle"), end to end.
+"""Portable bundles, end to end.
 
 Histories are built with the library on real directories and real SQLite stores; export,
 import, verify, log, show and fork run as a user types them (``sp``, a subprocess). The second

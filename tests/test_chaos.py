@@ -1,4 +1,4 @@
-"""Recovery testing (SPEC C28): ``stashpoint chaos`` and the ``stashpoint_chaos`` pytest fixture.
+"""Recovery testing: ``stashpoint chaos`` and the ``stashpoint_chaos`` pytest fixture.
 
 Each test can fail: the demo agent must recover from every kill, and two deliberately broken
 agents - one that re-executes recorded steps, one whose output is not deterministic - must be

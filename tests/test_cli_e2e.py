@@ -1,4 +1,4 @@
-"""The CLI end to end, driven as a user types it, on real directories (SPEC C1-C6, C19).
+"""The CLI end to end, driven as a user types it, on real directories.
 
 Every test runs ``python -m stashpoint ...`` in a subprocess (the ``sp`` fixture) with a real
 temporary workspace as the current directory, changes that workspace with Python and with shell

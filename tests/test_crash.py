@@ -1,6 +1,6 @@
 """Crash harness: ``kill -9`` of ``stashpoint snap`` and ``stashpoint rewind`` at random instants.
 
-SPEC C1 and §5: a crash at any instant leaves either the whole checkpoint or none of it visible;
+A crash at any instant leaves either the whole checkpoint or none of it visible;
 afterwards the store opens without repair, ``verify`` passes, every acknowledged checkpoint is
 there and loads, and an interrupted rewind is completed (or, if it had not started touching the
 workspace, not applied at all) by the next command, with no temp files left behind.
@@ -334,7 +334,7 @@ IMPORT_KILLS = 40
 def test_import_killed_at_random_instants_leaves_a_store_that_verifies(
     sp: Sp, tmp_path: Path
 ) -> None:
-    """SPEC §5: ``kill -9`` of ``stashpoint import`` at random instants. The destination then
+    """``kill -9`` of ``stashpoint import`` at random instants. The destination then
     opens without repair, verifies, holds no temp files, only records of the source and no
     head but the source's own; running the same import again completes it, with the source's
     ids and heads."""

@@ -1,4 +1,4 @@
-"""Encryption at rest (SPEC C21, §5 "secrets in state") on real SQLite files and PostgreSQL.
+"""Encryption at rest on real SQLite files and PostgreSQL.
 
 Stores are damaged the way someone with write access to the database would: ciphertexts copied
 between rows, plaintext rows planted, bytes flipped - with raw SQL, never through stashpoint.

@@ -1,4 +1,4 @@
-"""A full disk (SPEC §5, ENOSPC): a clear error, previous checkpoints intact, no temp files,
+"""A full disk: a clear error, previous checkpoints intact, no temp files,
 and the same command succeeds once there is space again.
 
 The store lives on a real, tiny tmpfs mounted for the test (so SQLite and the blob directory

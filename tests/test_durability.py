@@ -1,4 +1,4 @@
-"""Durability levels (SPEC C23): fsync, group commit and at-exit, per store and per session.
+"""Durability levels: fsync, group commit and at-exit, per store and per session.
 
 What a level changes cannot be shown by pulling the power, so these tests look at what each
 backend is told: SQLite's ``synchronous`` setting for the commit, PostgreSQL's count of WAL

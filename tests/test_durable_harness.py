@@ -1,4 +1,4 @@
-"""kill -9 harness for durable execution (issue 3's must-show, SPEC C9).
+"""kill -9 harness for durable execution.
 
 The scripted agent of ``stashpoint._demo_agent`` (durable steps, tasks, an approval-gated
 irreversible deploy and an irreversible notification) runs in a subprocess that is killed with

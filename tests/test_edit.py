@@ -1,4 +1,4 @@
-"""Operator edits (SPEC C22): change a checkpoint's state, validated, saved as a child of kind
+"""Operator edits: change a checkpoint's state, validated, saved as a child of kind
 ``edit``; then resume from it - through the API and the CLI."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The plain-file store (``file:///dir``, SPEC C24): readable documents, same integrity, same
+"""The plain-file store (``file:///dir``): readable documents, same integrity, same
 crash safety, from the API and the CLI as a user types it."""
 
 from __future__ import annotations

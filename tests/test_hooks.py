@@ -1,7 +1,7 @@
 """``stashpoint hooks``: install into real agent settings files, run the hook command exactly as
 the agent would (the installed command line, through ``sh -c``, with the agent's documented
 JSON payload on stdin or as an argument), change the workspace with shell commands between hook
-calls, then ``stashpoint rewind`` and compare whole trees (SPEC C18, C3).
+calls, then ``stashpoint rewind`` and compare whole trees.
 
 The point is the gap in the agents' own undo: files changed by ``rm``, ``mv`` and ``sed -i``
 come back too.

@@ -1,4 +1,4 @@
-"""Framework adapters on real SQLite stores (SPEC C18): the OpenAI Agents SDK session driven by
+"""Framework adapters on real SQLite stores: the OpenAI Agents SDK session driven by
 the SDK's own ``Runner`` with a scripted ``Model``, Pydantic AI histories with ``TestModel`` and
 ``FunctionModel``, the examples run as a user runs them, and ``import stashpoint`` without the
 extras installed.

@@ -1,4 +1,4 @@
-"""The LangGraph saver (SPEC C18): LangGraph's own conformance suite, every base and extended
+"""The LangGraph saver: LangGraph's own conformance suite, every base and extended
 group, on every backend; real graphs (interrupts, resume, subgraphs, time travel, forks; sync
 and async) giving the same states as LangGraph's InMemorySaver; workspace files restored on
 time travel; storage that grows linearly with the conversation; deletions after which

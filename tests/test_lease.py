@@ -1,4 +1,4 @@
-"""Leases across processes (SPEC C17): one worker owns a session; a stalled or crashed worker
+"""Leases across processes: one worker owns a session; a stalled or crashed worker
 is taken over after its lease expires and is fenced off; others are refused with exit 3."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Mirrored writes (SPEC C29): every checkpoint also in a second store, reads falling back to
+"""Mirrored writes: every checkpoint also in a second store, reads falling back to
 it, ``verify --mirror`` comparing the two. Real stores only: SQLite, plain files, PostgreSQL."""
 
 from __future__ import annotations

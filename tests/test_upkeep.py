@@ -1,4 +1,4 @@
-"""Automatic upkeep (SPEC §7): retention on by default, with a size budget, run by itself once
+"""Automatic upkeep: retention on by default, with a size budget, run by itself once
 a period when a store that was written closes, and from the CLI with ``prune --auto``."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The web UI (SPEC C20): real store, real files, real HTTP; the security rules of SPEC §5; and
+"""The web UI: real store, real files, real HTTP; the security rules for a local UI; and
 `stashpoint ui` driven in a real headless Chromium, clicking as a user does.
 
 The browser test needs Playwright (dev extra) and Debian's Chromium (`.ci/run` installs it):
