@@ -138,6 +138,7 @@ class Durable:
         call = functools.partial(fn, *args, **kwargs)
         import asyncio  # here, not at the top: ~20 ms of every CLI run that only snapshots
 
+        future: asyncio.Future[Any]
         if self.offload is not None:
             future = asyncio.ensure_future(self.offload(call))
         else:  # asyncio.to_thread's own steps, but its future as is: wrapping the coroutine in
