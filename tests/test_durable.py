@@ -199,6 +199,45 @@ def test_async_steps_replay_by_call_order_even_when_they_finish_out_of_order(
     assert executed == []
 
 
+def test_async_steps_hand_their_journal_writes_to_a_thread_without_a_task_each(
+    store: stashpoint.Store,
+) -> None:
+    """The fsynced append of an async step runs in a worker thread, tracked (so that a pause
+    waits for a sibling's write) by the executor's own future: a task wrapped around each one
+    cost every step two more turns of the event loop. The writes still land, in order."""
+    run = store.session("no-tasks")
+    created: list[Any] = []
+
+    @run.step
+    async def noop(i: int) -> int:
+        return i
+
+    async def main() -> int:
+        loop = asyncio.get_running_loop()
+
+        def factory(loop: asyncio.AbstractEventLoop, coro: Any, **kw: Any) -> asyncio.Task[Any]:
+            created.append(coro)
+            return asyncio.Task(coro, loop=loop, **kw)
+
+        loop.set_task_factory(factory)
+        try:
+            return sum([await noop(i) for i in range(20)])
+        finally:
+            loop.set_task_factory(None)
+
+    res = asyncio.run(run.arun(main))
+    assert res.value == sum(range(20)) and res.executed == 20
+    assert created == []
+    again = store.session("no-tasks")
+
+    @again.step
+    async def noop(i: int) -> int:  # noqa: F811 - the same step, on a fresh Session
+        return i
+
+    res = asyncio.run(again.arun(main))
+    assert res.value == sum(range(20)) and res.replayed == 20
+
+
 def test_approval_pauses_and_a_decision_applies_once_to_those_arguments(
     store: stashpoint.Store,
 ) -> None:

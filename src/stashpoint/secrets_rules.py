@@ -38,7 +38,6 @@ import hashlib
 import importlib
 import importlib.util
 import json
-import pkgutil
 import re
 import warnings
 from collections.abc import Callable, Iterable, Mapping
@@ -414,6 +413,8 @@ def _derive_detect_secrets_rules() -> list[Rule]:
             stacklevel=3,
         )
         return []
+    import pkgutil  # here: only a rules derivation lists detect-secrets' plugins (CLI start-up)
+
     detector: type = base.RegexBasedDetector
     out: list[Rule] = []
     for info in sorted(pkgutil.iter_modules(plugins.__path__), key=lambda m: m.name):

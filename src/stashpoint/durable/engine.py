@@ -138,8 +138,15 @@ class Durable:
         call = functools.partial(fn, *args, **kwargs)
         import asyncio  # here, not at the top: ~20 ms of every CLI run that only snapshots
 
-        work = self.offload(call) if self.offload is not None else asyncio.to_thread(call)
-        future = asyncio.ensure_future(work)
+        future: asyncio.Future[Any]
+        if self.offload is not None:
+            future = asyncio.ensure_future(self.offload(call))
+        else:  # asyncio.to_thread's own steps, but its future as is: wrapping the coroutine in
+            # a task (to track it) cost two more event-loop turns per step
+            context = contextvars.copy_context()
+            future = asyncio.get_running_loop().run_in_executor(
+                None, functools.partial(context.run, call)
+            )
         self._inflight.add(future)
         future.add_done_callback(self._inflight.discard)
         return cast(T, await future)
