@@ -16,6 +16,7 @@ import warnings
 import weakref
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -27,8 +28,8 @@ from ..errors import (
     StashpointError,
     StoreError,
 )
-from ._sql import TABLES, TABLES_V2, TABLES_V3, TABLES_V4, SqlStore
-from .base import Commit
+from ._sql import TABLES, TABLES_V2, TABLES_V3, TABLES_V4, SqlStore, _log_info
+from .base import Commit, LogAppend, LogInfo, MessageRow
 
 try:
     import fcntl
@@ -37,18 +38,82 @@ except ImportError:  # pragma: no cover - Windows: SQLite's own locking only
 
 __all__ = ["SqliteStore"]
 
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 WAL_GROW_AFTER = 3
 """Checkpoints a connection commits before it pre-sizes the WAL: a CLI run that commits once
 or twice never pays for it (~6 ms for 4 MiB), an agent loop pays once, at its third."""
 WAL_GROW_MAX = 64 << 20
 _OPEN_WAIT = 30.0  # seconds, as the busy timeout of every other statement
+TABLES_V5 = """
+CREATE TABLE logs_v5(
+    num INTEGER PRIMARY KEY, id TEXT NOT NULL UNIQUE, session TEXT NOT NULL, parent TEXT,
+    parent_len BIGINT NOT NULL);
+INSERT INTO logs_v5(id, session, parent, parent_len)
+    SELECT id, session, parent, parent_len FROM logs ORDER BY id;
+DROP TABLE logs;
+ALTER TABLE logs_v5 RENAME TO logs;
+CREATE TABLE messages_v5(
+    pos INTEGER PRIMARY KEY, log TEXT NOT NULL, idx BIGINT NOT NULL, chain BLOB NOT NULL,
+    data BLOB NOT NULL);
+INSERT INTO messages_v5(pos, log, idx, chain, data)
+    SELECT (l.num << 32) + m.idx, m.log, m.idx, m.chain, m.data
+    FROM messages m JOIN logs l ON l.id = m.log ORDER BY 1;
+DROP TABLE messages;
+ALTER TABLE messages_v5 RENAME TO messages
+"""
+"""Schema version 5 (SQLite only): a message row's key is its log's number and its index in
+one integer, ``pos = num << 32 | idx``, the table's rowid. Version 4 keyed messages by
+``(log, idx)``, which SQLite keeps as an index beside the rowid table: every message written
+a page of each. Now the log's messages are one range of the table itself, appended at its end
+(a log's number is its row's rowid in ``logs``). The ``log`` and ``idx`` columns stay, as
+they were, for anyone reading the file. A message whose log row was missing (unreadable
+before too: nothing found its log) is not carried over."""
+
+_LOG_SELECT = (
+    "SELECT id, session, parent, parent_len, (SELECT MAX(pos) - (l.num << 32) + 1 "
+    "FROM messages WHERE pos >= l.num << 32 AND pos < (l.num + 1) << 32) FROM logs l"
+)
+_READ_MESSAGES = (
+    "SELECT idx, chain, data FROM messages, (SELECT num FROM logs WHERE id=?) l "
+    "WHERE pos >= (l.num << 32) + ? AND pos < (l.num << 32) + ? ORDER BY pos"
+)
+_LOG_TIP = (
+    "SELECT COALESCE((SELECT MAX(pos) - (num << 32) + 1 FROM messages "
+    "WHERE pos >= num << 32 AND pos < (num + 1) << 32), parent_len) FROM logs WHERE id=?"
+)
+_NEW_LOG = "INSERT INTO logs(id, session, parent, parent_len) VALUES (?, ?, ?, ?)"
+_INSERT_MESSAGES = [
+    "INSERT INTO messages(pos, log, idx, chain, data) SELECT (l.num << 32) + v.column1, l.id, "
+    "v.column1, v.column2, v.column3 FROM logs l, (VALUES "
+    + ", ".join(["(?, ?, ?)"] * n)
+    + ") v WHERE l.id = ?"
+    for n in range(1, 9)
+]
+"""One statement for up to 8 messages (a checkpoint of a conversation adds a few): the rows
+of one log, keyed by its number."""
+
 MIGRATIONS: list[str] = [  # index = version - 1
     TABLES.format(t="", blob="BLOB"),
     TABLES_V2.format(t="", blob="BLOB"),
     TABLES_V3.format(t="", blob="BLOB"),
     TABLES_V4.format(t="", blob="BLOB"),
+    TABLES_V5,
 ]
+
+# A checkpoint that moves an existing head: the compare-and-set carries the lease check in its
+# own condition (one statement, not a read of the lease row and then the update); when it
+# changes no row, the lease is read again to say which of the two refused it.
+_MOVE_UNLEASED = (
+    "UPDATE heads SET checkpoint=?, auth=? WHERE session=? AND branch=? AND checkpoint=? "
+    "AND NOT EXISTS (SELECT 1 FROM leases WHERE session=? AND expires>?)"
+)
+_MOVE_FENCED = (
+    "UPDATE heads SET checkpoint=?, auth=? WHERE session=? AND branch=? AND checkpoint=? "
+    "AND EXISTS (SELECT 1 FROM leases WHERE session=? AND token=?)"
+)
+_INSERT_CHECKPOINT = (
+    "INSERT INTO checkpoints(id, session, branch, parent, body, digest) VALUES (?, ?, ?, ?, ?, ?)"
+)
 
 
 class SqliteStore(SqlStore):
@@ -258,6 +323,92 @@ class SqliteStore(SqlStore):
                 if isinstance(exc, sqlite3.Error):
                     raise self._failed(exc, "SQLite write failed", full=True) from exc
                 raise
+
+    def _apply_commit(self, cur: Any, c: Commit) -> None:
+        """A checkpoint that moves an existing head (what an agent loop writes): the head's
+        compare-and-set with the lease check folded in, then the inserts; four statements
+        for a state checkpoint. Anything else takes the general path.
+
+        The log's tip is not read back here: the head compare-and-set proves that the head
+        this checkpoint extends is current, and that head's conversation ends at
+        ``append.start``, so the log holds at least that many messages; one more written
+        since (by another branch sharing the log) is refused by the ``(log, idx)`` key as a
+        conflict, which the session retries on a log of its own."""
+        a = c.append
+        if not c.move_head or c.expected_head is None or c.blobs or c.gc_epoch is not None:
+            super()._apply_commit(cur, c)
+            return
+        row, fence = c.row, c.fence
+        if fence is None:
+            args: tuple[Any, ...] = (row.session, time.time())
+            move = _MOVE_UNLEASED
+        else:
+            args, move = (fence.session, fence.token), _MOVE_FENCED
+        res = cur.execute(
+            move, (row.id, c.head_auth, row.session, row.branch, c.expected_head, *args)
+        )
+        if res.rowcount != 1:
+            self._check_fence(cur, fence, row.session)  # raises if the lease refused it
+            raise ConflictError(
+                f"branch {row.branch!r} of session {row.session!r} moved; "
+                "another writer checkpointed first"
+            )
+        if a is not None:
+            self._insert_messages(cur, a)
+        cur.execute(_INSERT_CHECKPOINT, row)
+
+    def _insert_messages(self, cur: Any, a: LogAppend) -> None:
+        """Create the log if new, then its rows (the caller checked the tip)."""
+        if a.new is not None:
+            cur.execute(_NEW_LOG, (a.log, a.new.session, a.new.parent, a.new.parent_len))
+        rows = a.messages
+        for at in range(0, len(rows), len(_INSERT_MESSAGES)):
+            batch = rows[at : at + len(_INSERT_MESSAGES)]
+            args: list[Any] = []
+            idx = a.start + at
+            for ch, data in batch:
+                args += (idx, ch, data)
+                idx += 1
+            args.append(a.log)
+            res = cur.execute(_INSERT_MESSAGES[len(batch) - 1], args)
+            if res.rowcount != len(batch):
+                raise IntegrityError(f"conversation log {a.log} is missing")
+
+    def _append(self, cur: Any, a: LogAppend) -> None:
+        """Create the log if new, check its tip (compare-and-set), insert the entries."""
+        if a.fence is not None or a.session is not None:
+            self._check_fence(cur, a.fence, a.fence.session if a.fence else str(a.session))
+        if a.new is not None:
+            cur.execute(_NEW_LOG, (a.log, a.new.session, a.new.parent, a.new.parent_len))
+        got = cur.execute(_LOG_TIP, (a.log,)).fetchone()
+        if got is None or got[0] != a.start:
+            raise ConflictError(f"log {a.log} grew under us; another writer appended first")
+        self._insert_messages(cur, replace(a, new=None))
+
+    def log_info(self, log: str) -> LogInfo | None:
+        rows = self._read(_LOG_SELECT + " WHERE id=?", (log,))
+        return _log_info(rows[0])[1] if rows else None
+
+    def iter_logs(self) -> Iterator[tuple[str, LogInfo]]:
+        for row in self._read(_LOG_SELECT + " ORDER BY num"):
+            yield _log_info(row)
+
+    def read_messages(self, log: str, start: int, stop: int) -> list[MessageRow]:
+        rows = self._read(_READ_MESSAGES, (log, start, stop))
+        return [MessageRow(int(i), bytes(c), bytes(d)) for i, c, d in rows]
+
+    def delete_logs(self, logs: Sequence[str]) -> None:
+        def do(cur: Any) -> None:
+            for log in logs:
+                cur.execute(
+                    "DELETE FROM messages WHERE pos >= (SELECT num FROM logs WHERE id=?1) << 32 "
+                    "AND pos < ((SELECT num FROM logs WHERE id=?1) + 1) << 32",
+                    (log,),
+                )
+                cur.execute("DELETE FROM logs WHERE id=?", (log,))
+
+        if logs:
+            self._tx(do)
 
     def commit(self, commit: Commit) -> None:
         # A deferred commit runs at synchronous=NORMAL: in WAL mode SQLite then skips the
