@@ -11,6 +11,7 @@ showed 38 of them under one short id.)
 
 from __future__ import annotations
 
+import base64
 import os
 import random
 import re
@@ -20,6 +21,7 @@ import time
 from .errors import UsageError
 
 _ALPHABET = "0123456789ABCDEFGHJKMNPQRSTVWXYZ"
+_TO_CROCKFORD = bytes.maketrans(b"ABCDEFGHIJKLMNOPQRSTUVWXYZ234567", _ALPHABET.encode())
 _ID_RE = re.compile(r"[0-9A-HJKMNP-TV-Z]{26}")
 _lock = threading.Lock()
 _last_ms = -1
@@ -49,11 +51,10 @@ def new_id() -> str:
             time.sleep(0.0002)
         _last_ms, _last_rand = ms, rand
     value = (ms << 80) | (rand & ((1 << 80) - 1))
-    chars = []
-    for _ in range(26):
-        chars.append(_ALPHABET[value & 31])
-        value >>= 5
-    return "".join(reversed(chars))
+    # 130 bits as 26 base-32 digits, in C: the standard base-32 of 160 bits (the top 30 zero,
+    # 6 leading digits dropped), its alphabet mapped to Crockford's. A Python loop over the
+    # 26 digits cost ~10k CPU instructions, a tenth of a state checkpoint's own Python.
+    return base64.b32encode(value.to_bytes(20, "big"))[6:].translate(_TO_CROCKFORD).decode()
 
 
 def is_id(text: str) -> bool:

@@ -46,7 +46,7 @@ from .errors import (
     UsageError,
 )
 from .history import Reading, checkpoint_json
-from .integrity import EMPTY_CHAIN, message_chain
+from .integrity import EMPTY_CHAIN
 from .lease import Lease, LeaseHolder
 from .lease import for_session as lease_for_session
 from .model import KINDS, Checkpoint, ConversationRef, LogRef, StateRef, WorkspaceRef, utc_now_iso
@@ -637,12 +637,16 @@ def _chained(
     log: str, start: int, chain: str, new_log: LogInfo | None, encoded: list[bytes]
 ) -> tuple[ConversationRef, LogAppend]:
     """The conversation ref and the append (fenced by the commit that carries it) of
-    ``encoded`` messages written to ``log`` from ``start``, each chained to the last."""
+    ``encoded`` messages written to ``log`` from ``start``, each chained to the last
+    (:func:`~stashpoint.integrity.message_chain`, kept in bytes between the links)."""
     rows = []
+    link = bytes.fromhex(chain)
+    sha256 = hashlib.sha256
     for data in encoded:
-        chain = message_chain(chain, data)
-        rows.append((bytes.fromhex(chain), data))
-    return ConversationRef(log, start + len(encoded), chain), LogAppend(log, start, rows, new_log)
+        link = sha256(link + data).digest()
+        rows.append((link, data))
+    ref = ConversationRef(log, start + len(encoded), link.hex() if rows else chain)
+    return ref, LogAppend(log, start, rows, new_log)
 
 
 def _merge_artifacts(head: Checkpoint | None, changes: Mapping[str, Any]) -> dict[str, Any]:

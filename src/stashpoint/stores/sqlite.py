@@ -297,32 +297,36 @@ class SqliteStore(SqlStore):
         """Run ``fn(db, *args)`` inside BEGIN IMMEDIATE ... COMMIT, in this process's turn, at
         the store's synchronous level: only a deferred checkpoint's own commit (``commit``)
         runs below it, never the write after it (a journal entry, an intent, a head)."""
-        with self._lock, self._writers.turn():
-            db = self._db
-            want = self._deferred_sync or self._synchronous
+        with self._lock:
+            turn = self._writers.enter()  # not a generator context manager: once per commit
             try:
-                if want != self._sync_now:
-                    db.execute(f"PRAGMA synchronous={want}")
-                    self._sync_now = want
-                db.execute("BEGIN IMMEDIATE")
-            except sqlite3.Error as exc:
-                raise self._failed(exc, "SQLite write failed") from exc
-            if self._wal_target and self._commits >= WAL_GROW_AFTER:
-                self._grow_wal()
-            try:
-                result = fn(db, *args)
-                db.execute("COMMIT")
-                return result
-            except BaseException as exc:
+                db = self._db
+                want = self._deferred_sync or self._synchronous
                 try:
-                    db.execute("ROLLBACK")
-                except sqlite3.Error:
-                    pass
-                if isinstance(exc, sqlite3.IntegrityError):
-                    raise ConflictError(f"another writer got there first: {exc}") from exc
-                if isinstance(exc, sqlite3.Error):
-                    raise self._failed(exc, "SQLite write failed", full=True) from exc
-                raise
+                    if want != self._sync_now:
+                        db.execute(f"PRAGMA synchronous={want}")
+                        self._sync_now = want
+                    db.execute("BEGIN IMMEDIATE")
+                except sqlite3.Error as exc:
+                    raise self._failed(exc, "SQLite write failed") from exc
+                if self._wal_target and self._commits >= WAL_GROW_AFTER:
+                    self._grow_wal()
+                try:
+                    result = fn(db, *args)
+                    db.execute("COMMIT")
+                    return result
+                except BaseException as exc:
+                    try:
+                        db.execute("ROLLBACK")
+                    except sqlite3.Error:
+                        pass
+                    if isinstance(exc, sqlite3.IntegrityError):
+                        raise ConflictError(f"another writer got there first: {exc}") from exc
+                    if isinstance(exc, sqlite3.Error):
+                        raise self._failed(exc, "SQLite write failed", full=True) from exc
+                    raise
+            finally:
+                self._writers.leave(turn)
 
     def _apply_commit(self, cur: Any, c: Commit) -> None:
         """A checkpoint that moves an existing head (what an agent loop writes): the head's
@@ -482,24 +486,35 @@ class _WriterQueue:
         self._off = fcntl is None
         _queues.add(self)
 
-    @contextmanager
-    def turn(self) -> Iterator[None]:
+    def enter(self) -> int | None:
+        """Wait for this process's turn; returns what :meth:`leave` takes (None: no queue
+        was waited in: off, or this thread is in its front already)."""
         held: set[str] | None = getattr(_held, "paths", None)
         if held is None:
             held = _held.paths = set()
-        fd = None if self._off or self.path in held else self._wait()
+        if self._off or self.path in held:
+            return None
+        fd = self._wait()
+        if fd is not None:
+            held.add(self.path)
+        return fd
+
+    def leave(self, fd: int | None) -> None:
         if fd is None:
-            yield
             return
-        held.add(self.path)
+        _held.paths.discard(self.path)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_UN)
+        except OSError:  # pragma: no cover - an unlock does not fail on a valid fd
+            self.close()
+
+    @contextmanager
+    def turn(self) -> Iterator[None]:
+        fd = self.enter()
         try:
             yield
         finally:
-            held.discard(self.path)
-            try:
-                fcntl.flock(fd, fcntl.LOCK_UN)
-            except OSError:  # pragma: no cover - an unlock does not fail on a valid fd
-                self.close()
+            self.leave(fd)
 
     def _wait(self) -> int | None:
         try:
