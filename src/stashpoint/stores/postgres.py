@@ -199,12 +199,18 @@ BEGIN
     END IF;
     IF p_log IS NOT NULL THEN
         IF p_move_head AND p_expected IS NOT NULL THEN
-            -- The head's compare-and-set proved the head this extends is current, and its
-            -- conversation ends at p_log_start: a message written there since (another branch
-            -- on the same log) is refused by the (log, idx) key. No tip to read.
+            -- The tip's compare-and-set without reading the tip: a message written at
+            -- p_log_start since (another branch on the same log) is refused by the (log, idx)
+            -- key; a start past the end, by the row before it being missing.
             IF p_log_new THEN
                 INSERT INTO sp_logs(id, session, parent, parent_len)
                     VALUES (p_log, p_log_session, p_log_parent, p_log_parent_len);
+            ELSIF NOT EXISTS (SELECT 1 FROM sp_messages
+                              WHERE log = p_log AND idx = p_log_start - 1)
+                  AND p_log_start IS DISTINCT FROM
+                      (SELECT parent_len FROM sp_logs WHERE id = p_log) THEN
+                RAISE EXCEPTION 'log % does not end at %', p_log, p_log_start
+                    USING ERRCODE = 'SP002';
             END IF;
             INSERT INTO sp_messages(log, idx, chain, data)
                 SELECT p_log, p_log_start + m.n - 1, m.c, m.d
@@ -229,8 +235,8 @@ END $$
 """
 """Schema version 5: ``sp_commit`` of a checkpoint that moves an existing head (an agent's
 every checkpoint) runs the lease check inside the head's compare-and-set and appends its
-messages in place, without reading the log's tip back: measured in a server-side loop, the
-nested lease function and the tip read were ~30 % of the function's server time."""
+messages in place, checking the row before them instead of reading the log's tip (a MAX):
+measured in a server-side loop, ~25 % less server CPU per call."""
 
 
 _DROP_V3_COMMIT = (

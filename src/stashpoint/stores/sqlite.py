@@ -16,7 +16,6 @@ import warnings
 import weakref
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +28,7 @@ from ..errors import (
     StoreError,
 )
 from ._sql import TABLES, TABLES_V2, TABLES_V3, TABLES_V4, SqlStore, _log_info
-from .base import Commit, LogAppend, LogInfo, MessageRow
+from .base import Commit, GcEpochChanged, LogAppend, LogInfo, MessageRow
 
 try:
     import fcntl
@@ -85,12 +84,15 @@ _NEW_LOG = "INSERT INTO logs(id, session, parent, parent_len) VALUES (?, ?, ?, ?
 _INSERT_MESSAGES = [
     "INSERT INTO messages(pos, log, idx, chain, data) SELECT (l.num << 32) + v.column1, l.id, "
     "v.column1, v.column2, v.column3 FROM logs l, (VALUES "
-    + ", ".join(["(?, ?, ?)"] * n)
-    + ") v WHERE l.id = ?"
+    + ", ".join(f"(?{3 * i + 3}, ?{3 * i + 4}, ?{3 * i + 5})" for i in range(n))
+    + ") v WHERE l.id = ?1 AND (?2 = l.parent_len OR EXISTS "
+    "(SELECT 1 FROM messages WHERE pos = (l.num << 32) + ?2 - 1))"
     for n in range(1, 9)
 ]
 """One statement for up to 8 messages (a checkpoint of a conversation adds a few): the rows
-of one log, keyed by its number."""
+of one log, keyed by its number, written only where the log ends or further on (the row
+before the first exists, or it is the log's first own row): with the message key, which
+refuses a row written twice, that is the tip's compare-and-set without reading the tip."""
 
 MIGRATIONS: list[str] = [  # index = version - 1
     TABLES.format(t="", blob="BLOB"),
@@ -336,13 +338,18 @@ class SqliteStore(SqlStore):
         The log's tip is not read back here: the head compare-and-set proves that the head
         this checkpoint extends is current, and that head's conversation ends at
         ``append.start``, so the log holds at least that many messages; one more written
-        since (by another branch sharing the log) is refused by the ``(log, idx)`` key as a
+        since (by another branch sharing the log) is refused by the message key as a
         conflict, which the session retries on a log of its own."""
-        a = c.append
-        if not c.move_head or c.expected_head is None or c.blobs or c.gc_epoch is not None:
+        if not c.move_head or c.expected_head is None:
             super()._apply_commit(cur, c)
             return
         row, fence = c.row, c.fence
+        if c.gc_epoch is not None:
+            try:
+                self._check_gc_epoch(cur, c.gc_epoch, row.id)
+            except GcEpochChanged:
+                self._check_fence(cur, fence, row.session)  # a lease refusal comes first
+                raise
         if fence is None:
             args: tuple[Any, ...] = (row.session, time.time())
             move = _MOVE_UNLEASED
@@ -357,26 +364,27 @@ class SqliteStore(SqlStore):
                 f"branch {row.branch!r} of session {row.session!r} moved; "
                 "another writer checkpointed first"
             )
-        if a is not None:
-            self._insert_messages(cur, a)
+        if c.append is not None:
+            self._insert_messages(cur, c.append, c.append.new is not None)
+        if c.blobs:
+            self._insert_blobs(cur, c.blobs)
         cur.execute(_INSERT_CHECKPOINT, row)
 
-    def _insert_messages(self, cur: Any, a: LogAppend) -> None:
-        """Create the log if new, then its rows (the caller checked the tip)."""
-        if a.new is not None:
+    def _insert_messages(self, cur: Any, a: LogAppend, new: bool) -> None:
+        """Create the log (``new``), then its rows (the caller checked the tip)."""
+        if new and a.new is not None:
             cur.execute(_NEW_LOG, (a.log, a.new.session, a.new.parent, a.new.parent_len))
         rows = a.messages
         for at in range(0, len(rows), len(_INSERT_MESSAGES)):
             batch = rows[at : at + len(_INSERT_MESSAGES)]
-            args: list[Any] = []
             idx = a.start + at
+            args: list[Any] = [a.log, idx]  # ?1, ?2; the rows' values follow as ?3 ...
             for ch, data in batch:
                 args += (idx, ch, data)
                 idx += 1
-            args.append(a.log)
             res = cur.execute(_INSERT_MESSAGES[len(batch) - 1], args)
-            if res.rowcount != len(batch):
-                raise IntegrityError(f"conversation log {a.log} is missing")
+            if res.rowcount != len(batch):  # no such log, or it ends before a.start
+                raise ConflictError(f"log {a.log} does not end where this append starts")
 
     def _append(self, cur: Any, a: LogAppend) -> None:
         """Create the log if new, check its tip (compare-and-set), insert the entries."""
@@ -387,7 +395,7 @@ class SqliteStore(SqlStore):
         got = cur.execute(_LOG_TIP, (a.log,)).fetchone()
         if got is None or got[0] != a.start:
             raise ConflictError(f"log {a.log} grew under us; another writer appended first")
-        self._insert_messages(cur, replace(a, new=None))
+        self._insert_messages(cur, a, False)
 
     def log_info(self, log: str) -> LogInfo | None:
         rows = self._read(_LOG_SELECT + " WHERE id=?", (log,))
