@@ -172,3 +172,22 @@ def test_the_migrations_run_in_order_on_a_new_file(tmp_path: Path) -> None:
     info = meta.log_info("missing")
     assert info is None and meta.read_messages("missing", 0, 3) == []
     meta.close()
+
+
+def test_a_message_row_written_the_old_way_is_refused_not_lost(tmp_path: Path) -> None:
+    """A process of an older stashpoint, still running when a newer one migrated the file,
+    inserts message rows by (log, idx) alone: SQLite would number such a row after the last
+    one, outside its log's range, where no read finds it. It is refused instead."""
+    store = stashpoint.open(tmp_path / "s")
+    a, b = store.session("a"), store.session("b")
+    a.checkpoint({"messages": ["a0"]})
+    b.checkpoint({"messages": ["b0"]})  # b's log is the newest: a's is not at the end
+    log = a.head.state.conversation.log  # type: ignore[union-attr]
+    store.close()
+    db = sqlite3.connect(tmp_path / "s" / "store.db")
+    with pytest.raises(sqlite3.IntegrityError, match="NOT NULL"):
+        db.execute(
+            "INSERT INTO messages(log, idx, chain, data) VALUES (?, 1, ?, ?)",
+            (log, b"c" * 32, b'"a1"'),
+        )
+    db.close()

@@ -53,9 +53,9 @@ DROP TABLE logs;
 ALTER TABLE logs_v5 RENAME TO logs;
 CREATE TABLE messages_v5(
     pos INTEGER PRIMARY KEY, log TEXT NOT NULL, idx BIGINT NOT NULL, chain BLOB NOT NULL,
-    data BLOB NOT NULL);
-INSERT INTO messages_v5(pos, log, idx, chain, data)
-    SELECT (l.num << 32) + m.idx, m.log, m.idx, m.chain, m.data
+    data BLOB NOT NULL, num INTEGER NOT NULL, CHECK (pos = (num << 32) + idx));
+INSERT INTO messages_v5(pos, log, idx, chain, data, num)
+    SELECT (l.num << 32) + m.idx, m.log, m.idx, m.chain, m.data, l.num
     FROM messages m JOIN logs l ON l.id = m.log ORDER BY 1;
 DROP TABLE messages;
 ALTER TABLE messages_v5 RENAME TO messages
@@ -65,8 +65,11 @@ one integer, ``pos = num << 32 | idx``, the table's rowid. Version 4 keyed messa
 ``(log, idx)``, which SQLite keeps as an index beside the rowid table: every message written
 a page of each. Now the log's messages are one range of the table itself, appended at its end
 (a log's number is its row's rowid in ``logs``). The ``log`` and ``idx`` columns stay, as
-they were, for anyone reading the file. A message whose log row was missing (unreadable
-before too: nothing found its log) is not carried over."""
+they were, for anyone reading the file, and ``num`` repeats the log's number (a byte or two):
+a row must carry both, so an older stashpoint still running when a newer one migrated the
+file cannot insert a row by ``(log, idx)`` alone, which SQLite would number after the last
+row, inside another log's range. A message whose log row was missing (unreadable before too:
+nothing found its log) is not carried over."""
 
 _LOG_SELECT = (
     "SELECT id, session, parent, parent_len, (SELECT MAX(pos) - (l.num << 32) + 1 "
@@ -77,22 +80,23 @@ _READ_MESSAGES = (
     "WHERE pos >= (l.num << 32) + ? AND pos < (l.num << 32) + ? ORDER BY pos"
 )
 _LOG_TIP = (
-    "SELECT COALESCE((SELECT MAX(pos) - (num << 32) + 1 FROM messages "
-    "WHERE pos >= num << 32 AND pos < (num + 1) << 32), parent_len) FROM logs WHERE id=?"
+    "SELECT COALESCE((SELECT MAX(pos) - (l.num << 32) + 1 FROM messages "
+    "WHERE pos >= l.num << 32 AND pos < (l.num + 1) << 32), l.parent_len) FROM logs l "
+    "WHERE l.id=?"
 )
 _NEW_LOG = "INSERT INTO logs(id, session, parent, parent_len) VALUES (?, ?, ?, ?)"
 _INSERT_MESSAGES = [
-    "INSERT INTO messages(pos, log, idx, chain, data) SELECT (l.num << 32) + v.column1, l.id, "
-    "v.column1, v.column2, v.column3 FROM logs l, (VALUES "
+    "INSERT INTO messages(pos, log, idx, chain, data, num) SELECT (l.num << 32) + v.column1, "
+    "l.id, v.column1, v.column2, v.column3, l.num FROM logs l, (VALUES "
     + ", ".join(f"(?{3 * i + 3}, ?{3 * i + 4}, ?{3 * i + 5})" for i in range(n))
     + ") v WHERE l.id = ?1 AND (?2 = l.parent_len OR EXISTS "
     "(SELECT 1 FROM messages WHERE pos = (l.num << 32) + ?2 - 1))"
     for n in range(1, 9)
 ]
 """One statement for up to 8 messages (a checkpoint of a conversation adds a few): the rows
-of one log, keyed by its number, written only where the log ends or further on (the row
-before the first exists, or it is the log's first own row): with the message key, which
-refuses a row written twice, that is the tip's compare-and-set without reading the tip."""
+of one log, keyed by its number, written only if the row before the first exists (or it is
+the log's first own row): with the message key, which refuses a row written twice, that is
+the tip's compare-and-set (rows only where the log ends) without reading the tip."""
 
 MIGRATIONS: list[str] = [  # index = version - 1
     TABLES.format(t="", blob="BLOB"),
