@@ -34,7 +34,7 @@ _ARGS = """lpad(i::text, 26, '0'), 'sess', 'main',
     CASE WHEN i = 1 THEN NULL ELSE lpad((i - 1)::text, 26, '0') END,
     '0', NULL, NULL, 'log1', i = 1, 'sess', NULL, 0, i - 1,
     ARRAY[sha256(('m' || i)::bytea)], ARRAY[decode(repeat('cd', 400), 'hex')],
-    d, ARRAY[0, 0, 0], ARRAY[100, 200, 300]::bigint[], b"""
+    d, ARRAY[0, 0, 0], ARRAY[100, 200, 300]::bigint[], b, NULL"""
 
 _BLOBS = """ARRAY[decode(repeat('ef', 300) || lpad(i::text, 8, '0'), 'hex'),
     decode(repeat('12', 200) || lpad(i::text, 8, '0'), 'hex'),

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 from . import serde
 from ._ids import new_id
 from .errors import IntegrityError
-from .integrity import EMPTY_CHAIN, message_chain
+from .integrity import EMPTY_CHAIN, message_chain, message_links
 from .model import ConversationRef
 from .stores.base import LogAppend, LogInfo
 
@@ -329,11 +329,8 @@ def _chained(
 ) -> tuple[ConversationRef, LogAppend]:
     """The conversation ref and the append (fenced by the commit that carries it) of
     ``encoded`` messages written to ``log`` from ``start``, each chained to the last."""
-    rows = []
-    for data in encoded:
-        chain = message_chain(chain, data)
-        rows.append((bytes.fromhex(chain), data))
-    return ConversationRef(log, start + len(encoded), chain), LogAppend(log, start, rows, new_log)
+    rows, last = message_links(chain, encoded)
+    return ConversationRef(log, start + len(encoded), last), LogAppend(log, start, rows, new_log)
 
 
 class KnownConversation:

@@ -41,8 +41,21 @@ def message_chain(prev_hex: str, encoded_message: bytes) -> str:
     return hashlib.sha256(bytes.fromhex(prev_hex) + encoded_message).hexdigest()
 
 
+def message_links(prev_hex: str, encoded: list[bytes]) -> tuple[list[tuple[bytes, bytes]], str]:
+    """:func:`message_chain` over several messages: ``(link, message)`` rows and the last
+    link in hex (``prev_hex`` for none). The links stay in bytes between messages: a
+    checkpoint appending two messages pays no hex round trip per link."""
+    rows = []
+    link = bytes.fromhex(prev_hex)
+    sha256 = hashlib.sha256
+    for data in encoded:
+        link = sha256(link + data).digest()
+        rows.append((link, data))
+    return rows, link.hex() if rows else prev_hex
+
+
 def canonical_body(cp: Checkpoint) -> bytes:
-    return _encoder.encode(msgspec.structs.replace(cp, digest=""))
+    return _encoder.encode(cp if cp.digest == "" else msgspec.structs.replace(cp, digest=""))
 
 
 class ChainHasher:
@@ -51,6 +64,10 @@ class ChainHasher:
     def __init__(self, key: bytes | None = None, cipher: Cipher | None = None) -> None:
         self._key = key
         self.cipher = cipher
+        # The MAC's state after the key and the domain prefix, copied for each record: a
+        # fresh HMAC sets up the key (two compressions and a digest lookup) every time, ~30 %
+        # of its CPU on a record's few hundred bytes.
+        self._mac = hmac.new(key, _DOMAIN, hashlib.sha256) if key is not None else None
 
     def plain(self) -> ChainHasher:
         """The same MAC without the cipher: for bundles, which carry plaintext bodies."""
@@ -83,8 +100,10 @@ class ChainHasher:
         return hmac.compare_digest(self._key, other._key)
 
     def digest(self, body: bytes) -> str:
-        if self._key is not None:
-            return hmac.new(self._key, _DOMAIN + body, hashlib.sha256).hexdigest()
+        if self._mac is not None:
+            mac = self._mac.copy()
+            mac.update(body)
+            return mac.hexdigest()
         return hashlib.sha256(_DOMAIN + body).hexdigest()
 
     def seal(self, cp: Checkpoint) -> tuple[Checkpoint, bytes]:

@@ -33,6 +33,9 @@ TAG = "__sp__"
 MAX_DEPTH = 200
 MAX_ENCODED_BYTES = 512 * 1024 * 1024
 _INT64 = 2**63
+_STR = frozenset((str,))
+_AS_THEY_ARE = frozenset((str, bool, type(None)))
+"""Types :func:`to_tree` returns unchanged without looking inside (ints and floats it checks)."""
 
 _registry_by_type: dict[type, str] = {}
 _registry_by_name: dict[str, type] = {}
@@ -147,9 +150,11 @@ def _surrogates_to_tree(tree: Any) -> Any:
 
 
 def _dict_to_tree(value: dict[Any, Any], depth: int) -> Any:
-    if TAG in value or any(type(k) is not str for k in value):
+    if TAG in value or not _STR.issuperset(map(type, value)):
         items = [[to_tree(k, depth + 1), to_tree(v, depth + 1)] for k, v in value.items()]
         return {TAG: "dict", "v": items}
+    if _AS_THEY_ARE.issuperset(map(type, value.values())):  # a chat message: found in C
+        return value
     out = None
     for k, v in value.items():
         conv = to_tree(v, depth + 1)

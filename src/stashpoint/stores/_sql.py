@@ -256,15 +256,7 @@ class SqlStore(MetadataStore):
         row = c.row
         self._check_fence(cur, c.fence, row.session)
         if c.gc_epoch is not None:
-            got = cur.execute(
-                self.sql("SELECT value FROM {t}meta WHERE key=?" + self.share), (GC_EPOCH_KEY,)
-            ).fetchone()
-            current = str(got[0]) if got else "0"
-            if current != c.gc_epoch:
-                raise GcEpochChanged(
-                    f"a garbage collection began after checkpoint {row.id} checked which blobs "
-                    "exist; snapshot again"
-                )
+            self._check_gc_epoch(cur, c.gc_epoch, row.id)
         if c.move_head and not self._move_head(
             cur, row.session, row.branch, row.id, c.expected_head, c.head_auth
         ):
@@ -280,6 +272,16 @@ class SqlStore(MetadataStore):
             self.sql(f"INSERT INTO {{t}}checkpoints({_CP_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?)"),
             tuple(row),
         )
+
+    def _check_gc_epoch(self, cur: Any, epoch: str, ident: str) -> None:
+        got = cur.execute(
+            self.sql("SELECT value FROM {t}meta WHERE key=?" + self.share), (GC_EPOCH_KEY,)
+        ).fetchone()
+        if (str(got[0]) if got else "0") != epoch:
+            raise GcEpochChanged(
+                f"a garbage collection began after checkpoint {ident} checked which blobs "
+                "exist; snapshot again"
+            )
 
     def get_checkpoint(self, ident: str) -> CheckpointRow | None:
         rows = self._q(f"SELECT {_CP_COLUMNS} FROM {{t}}checkpoints WHERE id=?", (ident,))

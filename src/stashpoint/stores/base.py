@@ -27,7 +27,7 @@ import threading
 import time
 from abc import abstractmethod
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import NamedTuple, Protocol
 
 from .. import metakeys
@@ -134,7 +134,7 @@ class LogAppend:
     holds a live lease on this session (a durable run's journal names its session)."""
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, init=False)
 class Commit:
     """Everything one checkpoint adds, applied atomically by :meth:`MetadataStore.commit`."""
 
@@ -142,7 +142,7 @@ class Commit:
     expected_head: str | None
     """The branch head the record was built on (its parent), or None for a new branch."""
     append: LogAppend | None = None
-    blobs: Sequence[BlobRow] = field(default_factory=tuple)
+    blobs: Sequence[BlobRow] = ()
     move_head: bool = True
     gc_epoch: str | None = None
     """When set, the ``gc_epoch`` the writer read before checking which blobs exist: the
@@ -158,10 +158,35 @@ class Commit:
     """Stored beside the moved head (same row): the ref's sequence number and MAC
     (:mod:`stashpoint.stores.refauth`); opaque to the backend."""
 
+    def __init__(
+        self,
+        row: CheckpointRow,
+        expected_head: str | None,
+        append: LogAppend | None = None,
+        blobs: Sequence[BlobRow] = (),
+        move_head: bool = True,
+        gc_epoch: str | None = None,
+        fence: Fence | None = None,
+        durable: bool = True,
+        head_auth: str | None = None,
+    ) -> None:
+        # The fields straight into __dict__: a frozen dataclass's generated constructor
+        # (one object.__setattr__ per field) costs ~16k CPU instructions, this ~2k, once per
+        # checkpoint. Still frozen: assigning a field afterwards raises.
+        self.__dict__.update(
+            row=row,
+            expected_head=expected_head,
+            append=append,
+            blobs=blobs,
+            move_head=move_head,
+            gc_epoch=gc_epoch,
+            fence=fence,
+            durable=durable,
+            head_auth=head_auth,
+        )
+
     def with_head_auth(self, auth: str | None) -> Commit:
-        """This commit with ``head_auth`` set. A copy of its ``__dict__``: a frozen
-        dataclass's constructor (one ``object.__setattr__`` per field) costs ~16k
-        instructions, this a few hundred, once per checkpoint."""
+        """This commit with ``head_auth`` set. A copy of its ``__dict__`` (see ``__init__``)."""
         new = object.__new__(Commit)
         new.__dict__.update(self.__dict__)
         new.__dict__["head_auth"] = auth

@@ -25,6 +25,8 @@ from typing import Any
 from .. import metakeys
 from ..errors import ConflictError, StoreError
 from . import formats
+from . import postgres as postgres_schema
+from . import sqlite as sqlite_schema
 from .base import MetadataStore
 
 __all__ = ["Plan", "Ref", "convert", "refs_of"]
@@ -78,28 +80,27 @@ def convert(backend: MetadataStore, plan: Plan, progress: Progress | None = None
 
 
 def _convert_sql(store: Any, plan: Plan, progress: Progress | None, *, postgres: bool) -> int:
-    from ._sql import TABLES_V4
-
     def do(cur: Any) -> int:
         if postgres:
-            from .postgres import _LOCK_KEY, MIGRATIONS
-
-            cur.execute("SELECT pg_advisory_xact_lock(%s)", (_LOCK_KEY,))
+            cur.execute("SELECT pg_advisory_xact_lock(%s)", (postgres_schema._LOCK_KEY,))
             cur.execute("SELECT version FROM sp_version")
             version = int(cur.fetchone()[0])
         else:
             version = int(cur.execute("PRAGMA user_version").fetchone()[0])
         if version < 3:
             raise StoreError(f"store {store.url} has schema {version}, not format 1's (3)")
-        if version == 3:  # else: schema 4 already (a store written between the two formats)
-            if postgres:
-                cur.execute(MIGRATIONS[3])
-                cur.execute("UPDATE sp_version SET version=4")
-            else:
-                for stmt in TABLES_V4.format(t="", blob="BLOB").split(";"):
+        # Format 1 is schema 3; a schema-4 store (written between the two formats) needs
+        # only the later steps. Every step runs in this transaction, with the refs below.
+        if postgres:
+            for v in range(version, postgres_schema.SCHEMA_VERSION):
+                cur.execute(postgres_schema.MIGRATIONS[v])
+            cur.execute("UPDATE sp_version SET version=%s", (postgres_schema.SCHEMA_VERSION,))
+        else:
+            for v in range(version, sqlite_schema.SCHEMA_VERSION):
+                for stmt in sqlite_schema.MIGRATIONS[v].split(";"):
                     if stmt.strip():
                         cur.execute(stmt)
-                cur.execute("PRAGMA user_version=4")
+            cur.execute(f"PRAGMA user_version={sqlite_schema.SCHEMA_VERSION}")
         q = store.sql
         heads = cur.execute(q("SELECT session, branch, checkpoint, auth FROM {t}heads")).fetchall()
         labels = cur.execute(q("SELECT session, label, checkpoint, auth FROM {t}labels")).fetchall()

@@ -48,7 +48,7 @@ from .base import Commit, LogAppend
 
 __all__ = ["PostgresStore"]
 
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 V1_SCHEMA = 3
 """The schema of format 1 (:mod:`.formats`): a store at it opens read-only until upgraded."""
 _LOCK_KEY = 0x5354_4153_4850_4F49  # "STASHPOI": serialises concurrent migrations
@@ -153,6 +153,93 @@ END $$
 """
 """One round trip per checkpoint (and per journal append); the same checks as SqlStore's."""
 
+COMMIT_V5 = """
+CREATE OR REPLACE FUNCTION sp_commit(
+    p_id TEXT, p_session TEXT, p_branch TEXT, p_parent TEXT, p_body BYTEA, p_digest TEXT,
+    p_move_head BOOLEAN, p_expected TEXT, p_gc_epoch TEXT, p_fence_session TEXT,
+    p_fence BIGINT, p_log TEXT, p_log_new BOOLEAN, p_log_session TEXT, p_log_parent TEXT,
+    p_log_parent_len BIGINT, p_log_start BIGINT, p_chains BYTEA[], p_datas BYTEA[],
+    p_digests BYTEA[], p_codecs INTEGER[], p_sizes BIGINT[], p_blobs BYTEA[], p_head_auth TEXT
+) RETURNS TEXT LANGUAGE plpgsql AS $$
+DECLARE
+    v_epoch TEXT;
+    v_rows INTEGER;
+BEGIN
+    IF NOT p_move_head OR p_expected IS NULL THEN
+        PERFORM sp_check_lease(COALESCE(p_fence_session, p_session), p_fence);
+    END IF;
+    IF p_gc_epoch IS NOT NULL THEN
+        SELECT value INTO v_epoch FROM sp_meta WHERE key = 'gc_epoch' FOR SHARE;
+        IF COALESCE(v_epoch, '0') <> p_gc_epoch THEN
+            RAISE EXCEPTION 'gc epoch changed' USING ERRCODE = 'SP003';
+        END IF;
+    END IF;
+    IF p_move_head THEN
+        IF p_expected IS NULL THEN
+            INSERT INTO sp_heads(session, branch, checkpoint, auth)
+                VALUES (p_session, p_branch, p_id, p_head_auth) ON CONFLICT DO NOTHING;
+        ELSE
+            -- The lease check rides in the compare-and-set (the lease row locked FOR SHARE,
+            -- as sp_check_lease locks it): one statement, not a function call and an update.
+            UPDATE sp_heads SET checkpoint = p_id, auth = p_head_auth
+                WHERE session = p_session AND branch = p_branch AND checkpoint = p_expected
+                AND COALESCE((SELECT CASE WHEN p_fence IS NULL
+                                     THEN l.expires <= extract(epoch FROM clock_timestamp())
+                                     ELSE l.token = p_fence END
+                              FROM sp_leases l
+                              WHERE l.session = COALESCE(p_fence_session, p_session)
+                              FOR SHARE), p_fence IS NULL);
+        END IF;
+        GET DIAGNOSTICS v_rows = ROW_COUNT;
+        IF v_rows <> 1 THEN
+            IF p_expected IS NOT NULL THEN  -- the lease, or the head: say which
+                PERFORM sp_check_lease(COALESCE(p_fence_session, p_session), p_fence);
+            END IF;
+            RAISE EXCEPTION 'branch % of session % moved', p_branch, p_session
+                USING ERRCODE = 'SP001';
+        END IF;
+    END IF;
+    IF p_log IS NOT NULL THEN
+        IF p_move_head AND p_expected IS NOT NULL THEN
+            -- The tip's compare-and-set without reading the tip: a message written at
+            -- p_log_start since (another branch on the same log) is refused by the (log, idx)
+            -- key; a start past the end, by the row before it being missing.
+            IF p_log_new THEN
+                INSERT INTO sp_logs(id, session, parent, parent_len)
+                    VALUES (p_log, p_log_session, p_log_parent, p_log_parent_len);
+            ELSIF NOT EXISTS (SELECT 1 FROM sp_messages
+                              WHERE log = p_log AND idx = p_log_start - 1)
+                  AND p_log_start IS DISTINCT FROM
+                      (SELECT parent_len FROM sp_logs WHERE id = p_log) THEN
+                RAISE EXCEPTION 'log % does not end at %', p_log, p_log_start
+                    USING ERRCODE = 'SP002';
+            END IF;
+            INSERT INTO sp_messages(log, idx, chain, data)
+                SELECT p_log, p_log_start + m.n - 1, m.c, m.d
+                FROM unnest(p_chains, p_datas) WITH ORDINALITY AS m(c, d, n);
+        ELSE
+            PERFORM sp_append(p_log, p_log_new, p_log_session, p_log_parent,
+                              p_log_parent_len, p_log_start, p_chains, p_datas, NULL, NULL);
+        END IF;
+    END IF;
+    IF cardinality(p_digests) > 0 THEN
+        IF EXISTS (SELECT 1 FROM sp_condemned) THEN
+            DELETE FROM sp_condemned WHERE digest = ANY(p_digests);
+        END IF;
+        INSERT INTO sp_blobs(digest, codec, size, data)
+            SELECT * FROM unnest(p_digests, p_codecs, p_sizes, p_blobs)
+            ON CONFLICT (digest) DO NOTHING;
+    END IF;
+    INSERT INTO sp_checkpoints(id, session, branch, parent, body, digest)
+        VALUES (p_id, p_session, p_branch, p_parent, p_body, p_digest);
+    RETURN (SELECT value FROM sp_meta WHERE key = 'gc_epoch');
+END $$
+"""
+"""Schema version 5: ``sp_commit`` of a checkpoint that moves an existing head (an agent's
+every checkpoint) runs the lease check inside the head's compare-and-set and appends its
+messages in place, checking the row before them instead of reading the log's tip (a MAX):
+measured in a server-side loop, ~25 % less server CPU per call."""
+
 
 _DROP_V3_COMMIT = (
     "DROP FUNCTION IF EXISTS sp_commit(TEXT, TEXT, TEXT, TEXT, BYTEA, TEXT, BOOLEAN, TEXT, "
@@ -169,6 +256,7 @@ MIGRATIONS: list[str] = [  # index = version - 1
     + _DROP_V3_COMMIT
     + ";"
     + FUNCTIONS,
+    COMMIT_V5,
 ]
 """The functions are (re)created by the newest migration: version 4 gave ``sp_commit`` the
 head's ``auth`` argument (dropping version 3's, whose signature differs)."""
@@ -361,7 +449,8 @@ class PostgresStore(SqlStore):
                 )
             # Format 1 (schema 3, or older: brought to 3 as its own version did) is read as it
             # is: schema 4 is part of `stashpoint upgrade` (.migrate), never of an open.
-            target = SCHEMA_VERSION if version in (0, SCHEMA_VERSION) else V1_SCHEMA
+            # Schema 4 -> 5 is within format 2 (sp_commit's body) and is migrated here.
+            target = V1_SCHEMA if 0 < version <= V1_SCHEMA else SCHEMA_VERSION
             for v in range(version, target):
                 cur.execute(MIGRATIONS[v])
             if version == 0:

@@ -27,8 +27,8 @@ from ..errors import (
     StashpointError,
     StoreError,
 )
-from ._sql import TABLES, TABLES_V2, TABLES_V3, TABLES_V4, SqlStore
-from .base import Commit
+from ._sql import TABLES, TABLES_V2, TABLES_V3, TABLES_V4, SqlStore, _log_info
+from .base import Commit, GcEpochChanged, LogAppend, LogInfo, MessageRow
 
 try:
     import fcntl
@@ -37,7 +37,7 @@ except ImportError:  # pragma: no cover - Windows: SQLite's own locking only
 
 __all__ = ["SqliteStore"]
 
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 V1_SCHEMA = 3
 """The schema of format 1 (:mod:`.formats`): a store at it opens read-only until upgraded."""
 WAL_GROW_AFTER = 3
@@ -45,12 +45,90 @@ WAL_GROW_AFTER = 3
 or twice never pays for it (~6 ms for 4 MiB), an agent loop pays once, at its third."""
 WAL_GROW_MAX = 64 << 20
 _OPEN_WAIT = 30.0  # seconds, as the busy timeout of every other statement
+TABLES_V5 = """
+CREATE TABLE logs_v5(
+    num INTEGER PRIMARY KEY, id TEXT NOT NULL UNIQUE, session TEXT NOT NULL, parent TEXT,
+    parent_len BIGINT NOT NULL);
+INSERT INTO logs_v5(id, session, parent, parent_len)
+    SELECT id, session, parent, parent_len FROM logs ORDER BY id;
+DROP TABLE logs;
+ALTER TABLE logs_v5 RENAME TO logs;
+CREATE TABLE messages_v5(
+    pos INTEGER PRIMARY KEY, log TEXT NOT NULL, idx BIGINT NOT NULL, chain BLOB NOT NULL,
+    data BLOB NOT NULL, num INTEGER NOT NULL, CHECK (pos = (num << 32) + idx));
+INSERT INTO messages_v5(pos, log, idx, chain, data, num)
+    SELECT (l.num << 32) + m.idx, m.log, m.idx, m.chain, m.data, l.num
+    FROM messages m JOIN logs l ON l.id = m.log ORDER BY 1;
+DROP TABLE messages;
+ALTER TABLE messages_v5 RENAME TO messages
+"""
+"""Schema version 5 (SQLite only): a message row's key is its log's number and its index in
+one integer, ``pos = num << 32 | idx``, the table's rowid. Version 4 keyed messages by
+``(log, idx)``, which SQLite keeps as an index beside the rowid table: every message written
+a page of each. Now the log's messages are one range of the table itself, appended at its end
+(a log's number is its row's rowid in ``logs``). The ``log`` and ``idx`` columns stay, as
+they were, for anyone reading the file, and ``num`` repeats the log's number (a byte or two):
+a row must carry both, so an older stashpoint still running when a newer one migrated the
+file cannot insert a row by ``(log, idx)`` alone, which SQLite would number after the last
+row, inside another log's range. A message whose log row was missing (unreadable before too:
+nothing found its log) is not carried over."""
+
+_LOG_SELECT = (
+    "SELECT id, session, parent, parent_len, (SELECT MAX(pos) - (l.num << 32) + 1 "
+    "FROM messages WHERE pos >= l.num << 32 AND pos < (l.num + 1) << 32) FROM logs l"
+)
+_READ_MESSAGES = (
+    "SELECT idx, chain, data FROM messages, (SELECT num FROM logs WHERE id=?) l "
+    "WHERE pos >= (l.num << 32) + ? AND pos < (l.num << 32) + ? ORDER BY pos"
+)
+_LOG_TIP = (
+    "SELECT COALESCE((SELECT MAX(pos) - (l.num << 32) + 1 FROM messages "
+    "WHERE pos >= l.num << 32 AND pos < (l.num + 1) << 32), l.parent_len) FROM logs l "
+    "WHERE l.id=?"
+)
+_NEW_LOG = "INSERT INTO logs(id, session, parent, parent_len) VALUES (?, ?, ?, ?)"
+_INSERT_MESSAGES = [
+    "INSERT INTO messages(pos, log, idx, chain, data, num) SELECT (l.num << 32) + v.column1, "
+    "l.id, v.column1, v.column2, v.column3, l.num FROM logs l, (VALUES "
+    + ", ".join(["(?, ?, ?)"] * n)
+    + ") v WHERE l.id = ?"
+    for n in range(1, 9)
+]
+"""One statement for up to 8 messages (a checkpoint of a conversation adds a few): the rows
+of one log, keyed by its number."""
+
 MIGRATIONS: list[str] = [  # index = version - 1
     TABLES.format(t="", blob="BLOB"),
     TABLES_V2.format(t="", blob="BLOB"),
     TABLES_V3.format(t="", blob="BLOB"),
     TABLES_V4.format(t="", blob="BLOB"),
+    TABLES_V5,
 ]
+
+# A checkpoint that moves an existing head: the compare-and-set carries the lease check in its
+# own condition (one statement, not a read of the lease row and then the update); when it
+# changes no row, the lease is read again to say which of the two refused it.
+_MOVE_UNLEASED = (
+    "UPDATE heads SET checkpoint=?, auth=? WHERE session=? AND branch=? AND checkpoint=? "
+    "AND NOT EXISTS (SELECT 1 FROM leases WHERE session=? AND expires>?)"
+)
+_MOVE_FENCED = (
+    "UPDATE heads SET checkpoint=?, auth=? WHERE session=? AND branch=? AND checkpoint=? "
+    "AND EXISTS (SELECT 1 FROM leases WHERE session=? AND token=?)"
+)
+_INSERT_CHECKPOINT = (
+    "INSERT INTO checkpoints(id, session, branch, parent, body, digest) VALUES (?, ?, ?, ?, ?, ?)"
+)
+_INSERT_CHECKPOINT_AFTER = (
+    "INSERT INTO checkpoints(id, session, branch, parent, body, digest) "
+    "SELECT ?, ?, ?, ?, ?, ? WHERE EXISTS (SELECT 1 FROM logs l WHERE l.id = ? "
+    "AND (l.parent_len = ? OR EXISTS (SELECT 1 FROM messages WHERE pos = (l.num << 32) + ? - 1)))"
+)
+"""The record of a checkpoint that appended to a log, inserted only if the row before its
+first message exists (or that is the log's first own row): with the message key, which
+refuses a row written twice, the tip's compare-and-set without reading the tip. (In the
+messages INSERT itself, a read of ``messages`` would make SQLite stage the rows in a
+temporary table first: ~30k CPU instructions.)"""
 
 
 class SqliteStore(SqlStore):
@@ -144,8 +222,9 @@ class SqliteStore(SqlStore):
             )
         # A store written by format 1 (schema 3, or older: brought to 3 as its own version
         # did) is read as it is: schema 4 is part of ``stashpoint upgrade``
-        # (:mod:`.migrate`), never a side effect of opening it.
-        self.format_v1 = 0 < version < SCHEMA_VERSION
+        # (:mod:`.migrate`), never a side effect of opening it. Schema 4 -> 5 is within
+        # format 2 (the message rows' layout) and is migrated on open.
+        self.format_v1 = 0 < version <= V1_SCHEMA
         self.ref_auth = not self.format_v1
         target = V1_SCHEMA if self.format_v1 else SCHEMA_VERSION
         if version >= target:
@@ -242,32 +321,132 @@ class SqliteStore(SqlStore):
         """Run ``fn(db, *args)`` inside BEGIN IMMEDIATE ... COMMIT, in this process's turn, at
         the store's synchronous level: only a deferred checkpoint's own commit (``commit``)
         runs below it, never the write after it (a journal entry, an intent, a head)."""
-        with self._lock, self._writers.turn():
-            db = self._db
-            want = self._deferred_sync or self._synchronous
+        with self._lock:
+            turn = self._writers.enter()  # not a generator context manager: once per commit
             try:
-                if want != self._sync_now:
-                    db.execute(f"PRAGMA synchronous={want}")
-                    self._sync_now = want
-                db.execute("BEGIN IMMEDIATE")
-            except sqlite3.Error as exc:
-                raise self._failed(exc, "SQLite write failed") from exc
-            if self._wal_target and self._commits >= WAL_GROW_AFTER:
-                self._grow_wal()
-            try:
-                result = fn(db, *args)
-                db.execute("COMMIT")
-                return result
-            except BaseException as exc:
+                db = self._db
+                want = self._deferred_sync or self._synchronous
                 try:
-                    db.execute("ROLLBACK")
-                except sqlite3.Error:
-                    pass
-                if isinstance(exc, sqlite3.IntegrityError):
-                    raise ConflictError(f"another writer got there first: {exc}") from exc
-                if isinstance(exc, sqlite3.Error):
-                    raise self._failed(exc, "SQLite write failed", full=True) from exc
+                    if want != self._sync_now:
+                        db.execute(f"PRAGMA synchronous={want}")
+                        self._sync_now = want
+                    db.execute("BEGIN IMMEDIATE")
+                except sqlite3.Error as exc:
+                    raise self._failed(exc, "SQLite write failed") from exc
+                if self._wal_target and self._commits >= WAL_GROW_AFTER:
+                    self._grow_wal()
+                try:
+                    result = fn(db, *args)
+                    db.execute("COMMIT")
+                    return result
+                except BaseException as exc:
+                    try:
+                        db.execute("ROLLBACK")
+                    except sqlite3.Error:
+                        pass
+                    if isinstance(exc, sqlite3.IntegrityError):
+                        raise ConflictError(f"another writer got there first: {exc}") from exc
+                    if isinstance(exc, sqlite3.Error):
+                        raise self._failed(exc, "SQLite write failed", full=True) from exc
+                    raise
+            finally:
+                self._writers.leave(turn)
+
+    def _apply_commit(self, cur: Any, c: Commit) -> None:
+        """A checkpoint that moves an existing head (what an agent loop writes): the head's
+        compare-and-set with the lease check folded in, then the inserts; four statements
+        for a state checkpoint. Anything else takes the general path.
+
+        The log's tip is not read back here: the head compare-and-set proves that the head
+        this checkpoint extends is current, and that head's conversation ends at
+        ``append.start``, so the log holds at least that many messages; one more written
+        since (by another branch sharing the log) is refused by the message key as a
+        conflict, which the session retries on a log of its own."""
+        if not c.move_head or c.expected_head is None:
+            super()._apply_commit(cur, c)
+            return
+        row, fence = c.row, c.fence
+        if c.gc_epoch is not None:
+            try:
+                self._check_gc_epoch(cur, c.gc_epoch, row.id)
+            except GcEpochChanged:
+                self._check_fence(cur, fence, row.session)  # a lease refusal comes first
                 raise
+        if fence is None:
+            args: tuple[Any, ...] = (row.session, time.time())
+            move = _MOVE_UNLEASED
+        else:
+            args, move = (fence.session, fence.token), _MOVE_FENCED
+        res = cur.execute(
+            move, (row.id, c.head_auth, row.session, row.branch, c.expected_head, *args)
+        )
+        if res.rowcount != 1:
+            self._check_fence(cur, fence, row.session)  # raises if the lease refused it
+            raise ConflictError(
+                f"branch {row.branch!r} of session {row.session!r} moved; "
+                "another writer checkpointed first"
+            )
+        a = c.append
+        if a is not None:
+            self._insert_messages(cur, a, a.new is not None)
+        if c.blobs:
+            self._insert_blobs(cur, c.blobs)
+        if a is None:
+            cur.execute(_INSERT_CHECKPOINT, row)
+        elif cur.execute(_INSERT_CHECKPOINT_AFTER, (*row, a.log, a.start, a.start)).rowcount != 1:
+            raise ConflictError(f"log {a.log} does not end where this checkpoint appends")
+
+    def _insert_messages(self, cur: Any, a: LogAppend, new: bool) -> None:
+        """Create the log (``new``), then its rows (the caller checks the tip)."""
+        if new and a.new is not None:
+            cur.execute(_NEW_LOG, (a.log, a.new.session, a.new.parent, a.new.parent_len))
+        rows = a.messages
+        for at in range(0, len(rows), len(_INSERT_MESSAGES)):
+            batch = rows[at : at + len(_INSERT_MESSAGES)]
+            args: list[Any] = []
+            idx = a.start + at
+            for ch, data in batch:
+                args += (idx, ch, data)
+                idx += 1
+            args.append(a.log)
+            if cur.execute(_INSERT_MESSAGES[len(batch) - 1], args).rowcount != len(batch):
+                raise ConflictError(f"log {a.log} does not exist")
+
+    def _append(self, cur: Any, a: LogAppend) -> None:
+        """Create the log if new, check its tip (compare-and-set), insert the entries."""
+        if a.fence is not None or a.session is not None:
+            self._check_fence(cur, a.fence, a.fence.session if a.fence else str(a.session))
+        if a.new is not None:
+            cur.execute(_NEW_LOG, (a.log, a.new.session, a.new.parent, a.new.parent_len))
+        got = cur.execute(_LOG_TIP, (a.log,)).fetchone()
+        if got is None or got[0] != a.start:
+            raise ConflictError(f"log {a.log} grew under us; another writer appended first")
+        self._insert_messages(cur, a, False)
+
+    def log_info(self, log: str) -> LogInfo | None:
+        rows = self._read(_LOG_SELECT + " WHERE id=?", (log,))
+        return _log_info(rows[0])[1] if rows else None
+
+    def iter_logs(self) -> Iterator[tuple[str, LogInfo]]:
+        for row in self._read(_LOG_SELECT + " ORDER BY num"):
+            yield _log_info(row)
+
+    def read_messages(self, log: str, start: int, stop: int) -> list[MessageRow]:
+        rows = self._read(_READ_MESSAGES, (log, start, stop))
+        return [MessageRow(int(i), bytes(c), bytes(d)) for i, c, d in rows]
+
+    def delete_logs(self, logs: Sequence[str]) -> None:
+        def do(cur: Any) -> None:
+            for log in logs:
+                cur.execute(
+                    "DELETE FROM messages WHERE pos >= (SELECT num FROM logs WHERE id=?1) << 32 "
+                    "AND pos < ((SELECT num FROM logs WHERE id=?1) + 1) << 32",
+                    (log,),
+                )
+                cur.execute("DELETE FROM logs WHERE id=?", (log,))
+
+        if logs:
+            self._tx(do)
 
     def commit(self, commit: Commit) -> None:
         # A deferred commit runs at synchronous=NORMAL: in WAL mode SQLite then skips the
@@ -341,24 +520,35 @@ class _WriterQueue:
         self._off = fcntl is None
         _queues.add(self)
 
-    @contextmanager
-    def turn(self) -> Iterator[None]:
+    def enter(self) -> int | None:
+        """Wait for this process's turn; returns what :meth:`leave` takes (None: no queue
+        was waited in: off, or this thread is in its front already)."""
         held: set[str] | None = getattr(_held, "paths", None)
         if held is None:
             held = _held.paths = set()
-        fd = None if self._off or self.path in held else self._wait()
+        if self._off or self.path in held:
+            return None
+        fd = self._wait()
+        if fd is not None:
+            held.add(self.path)
+        return fd
+
+    def leave(self, fd: int | None) -> None:
         if fd is None:
-            yield
             return
-        held.add(self.path)
+        _held.paths.discard(self.path)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_UN)
+        except OSError:  # pragma: no cover - an unlock does not fail on a valid fd
+            self.close()
+
+    @contextmanager
+    def turn(self) -> Iterator[None]:
+        fd = self.enter()
         try:
             yield
         finally:
-            held.discard(self.path)
-            try:
-                fcntl.flock(fd, fcntl.LOCK_UN)
-            except OSError:  # pragma: no cover - an unlock does not fail on a valid fd
-                self.close()
+            self.leave(fd)
 
     def _wait(self) -> int | None:
         try:

@@ -194,6 +194,27 @@ class CoreConformance(_Tier):
         assert ms.log_info("L2") == LogInfo("s", "L1", 2, 3)
         assert dict(ms.iter_logs()).keys() == {"L1", "L2"}
 
+    def test_a_checkpoint_appends_only_where_its_log_ends(self, ms: MetadataStore) -> None:
+        """Whatever a backend reads to check the tip, a checkpoint that moves an existing
+        head appends only at the log's end: one written there first by another branch of
+        the same log, or a start past the end, is a conflict that writes nothing."""
+        m = [(hashlib.sha256(bytes([i])).digest(), f"m{i}".encode()) for i in range(4)]
+        ms.commit(Commit(_row("01A"), None, LogAppend("L1", 0, m[:1], LogInfo("s", None, 0, 0))))
+        ms.set_head("s", "other", "01A", None)
+        ms.commit(Commit(_row("01B", "01A"), "01A", LogAppend("L1", 1, m[1:2])))
+        with pytest.raises(ConflictError):  # branch "other" at the same place of the log
+            ms.commit(Commit(_row("01C", "01A", branch="other"), "01A", LogAppend("L1", 1, m[2:3])))
+        with pytest.raises(ConflictError):  # past the end: message 2 would be missing
+            ms.commit(Commit(_row("01D", "01B"), "01B", LogAppend("L1", 3, m[3:])))
+        assert ms.get_checkpoint("01C") is None and ms.get_checkpoint("01D") is None
+        assert ms.branches("s") == {"main": "01B", "other": "01A"}
+        assert [r.data for r in ms.read_messages("L1", 0, 9)] == [b"m0", b"m1"]
+        fork = LogInfo("s", "L1", 1, 1)  # a new log from message 1 of L1: starts at 1
+        ms.commit(
+            Commit(_row("01E", "01A", branch="other"), "01A", LogAppend("L2", 1, m[2:3], fork))
+        )
+        assert ms.log_info("L2") == LogInfo("s", "L1", 1, 2)
+
     def test_append_log_without_checkpoint(self, ms: MetadataStore) -> None:
         """The journal grows between checkpoints: appends are compare-and-set on the tip."""
         e = [(hashlib.sha256(bytes([i])).digest(), f"e{i}".encode()) for i in range(4)]
@@ -461,6 +482,21 @@ class LeaseConformance(_Tier):
         assert info is not None and info.expires_in <= 0
         ms.commit(Commit(_row("01A"), None))  # anyone may write again
         assert ms.acquire_lease("s", "worker-b", 30).token == got.token + 1
+
+    def test_a_checkpoint_on_an_existing_head_waits_for_the_lease(self, ms: MetadataStore) -> None:
+        """The usual checkpoint (the head moves on from one that exists), not only a
+        branch's first: refused while another worker holds the lease, nothing written."""
+        ms.commit(Commit(_row("01A"), None))
+        got = ms.acquire_lease("s", "worker-a", 30)
+        new = LogAppend("L", 0, [(b"c" * 32, b"m")], LogInfo("s", None, 0, 0))
+        with pytest.raises(LeaseHeld, match="worker-a"):
+            ms.commit(Commit(_row("01B", "01A"), "01A", new))
+        with pytest.raises(LeaseLost):
+            ms.commit(Commit(_row("01B", "01A"), "01A", new, fence=Fence("s", got.token + 1)))
+        assert ms.get_checkpoint("01B") is None and ms.get_head("s", "main") == "01A"
+        assert ms.log_info("L") is None
+        ms.commit(Commit(_row("01B", "01A"), "01A", new, fence=Fence("s", got.token)))
+        assert ms.get_head("s", "main") == "01B"
 
     def test_unfenced_appends_wait_for_the_lease(self, ms: MetadataStore) -> None:
         """A durable run's journal append names its session: without the lease's token it
