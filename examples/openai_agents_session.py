@@ -146,5 +146,7 @@ async def main(root: Path) -> None:
 
 
 if __name__ == "__main__":
+    if len(sys.argv) > 2 or (len(sys.argv) == 2 and sys.argv[1].startswith("-")):
+        sys.exit(f"usage: python {sys.argv[0]} [DIRECTORY]  (default: a new temporary one)")
     root = Path(sys.argv[1]) if len(sys.argv) > 1 else Path(tempfile.mkdtemp(prefix="sp-agents-"))
     asyncio.run(main(root))

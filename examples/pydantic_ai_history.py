@@ -85,4 +85,6 @@ def main(root: Path) -> None:
 
 
 if __name__ == "__main__":
+    if len(sys.argv) > 2 or (len(sys.argv) == 2 and sys.argv[1].startswith("-")):
+        sys.exit(f"usage: python {sys.argv[0]} [DIRECTORY]  (default: a new temporary one)")
     main(Path(sys.argv[1]) if len(sys.argv) > 1 else Path(tempfile.mkdtemp(prefix="sp-pydantic-")))
