@@ -16,7 +16,7 @@ import threading
 import time
 from collections.abc import Awaitable, Callable, Iterator, Mapping
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any, Literal, TypeVar, cast
+from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 import msgspec
 from msgspec import UNSET
@@ -54,6 +54,7 @@ from .entries import (
     loose,
 )
 from .journal import Journal
+from .offload import Offload, OffLoop
 from .results import (
     DONE_TASK,
     TASK_STATUSES,
@@ -102,8 +103,8 @@ class Durable:
         self.executed = 0
         self._depth = 0
         self.chaos = ChaosHooks.from_env()
-        self.offload: Callable[[Callable[[], Any]], Awaitable[Any]] | None = None
-        self._inflight: set[Any] = set()  # journal work handed off the loop, not done yet
+        self.offload: Offload | None = None
+        self._offloop = OffLoop()  # journal work handed off the loop, not done yet
         """How async steps run their journal I/O off the event loop (default: a worker
         thread; :class:`stashpoint.aio.AsyncSession` puts it in its session queue)."""
 
@@ -133,35 +134,14 @@ class Durable:
         self.journal = None
 
     async def _off(self, fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> T:
-        """``fn(*args, **kwargs)`` off the event loop: the fsynced journal append of an async
-        step must not stall every other coroutine for the length of a disk flush."""
-        call = functools.partial(fn, *args, **kwargs)
-        import asyncio  # here, not at the top: ~20 ms of every CLI run that only snapshots
-
-        future: asyncio.Future[Any]
-        if self.offload is not None:
-            future = asyncio.ensure_future(self.offload(call))
-        else:  # asyncio.to_thread's own steps, but its future as is: wrapping the coroutine in
-            # a task (to track it) cost two more event-loop turns per step
-            context = contextvars.copy_context()
-            future = asyncio.get_running_loop().run_in_executor(
-                None, functools.partial(context.run, call)
-            )
-        self._inflight.add(future)
-        future.add_done_callback(self._inflight.discard)
-        return cast(T, await future)
+        """``fn(*args, **kwargs)`` off the event loop (:mod:`.offload`)."""
+        return await self._offloop.call(self.offload, functools.partial(fn, *args, **kwargs))
 
     async def _settle(self) -> None:
         """Wait for journal writes other coroutines of the run handed off: when one call pauses
         the run (a gate under ``asyncio.gather``), a sibling's request already on its way is
-        recorded before the pause is reported. Never waits for a step's body."""
-        import asyncio
-
-        for _ in range(100):  # a sibling may hand off one more write after each one lands
-            pending = [f for f in self._inflight if not f.done()]
-            if not pending:
-                return
-            await asyncio.wait(pending)
+        recorded before the pause is reported."""
+        await self._offloop.settle()
 
     def _journal(self) -> Journal:
         if self.journal is None:
