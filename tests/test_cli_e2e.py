@@ -793,6 +793,53 @@ def test_the_commands_an_agent_hook_runs_import_only_what_they_use(tmp_path: Pat
     assert "HEAVY []" in proc.stdout, proc.stdout
 
 
+# Dataclasses still defined when `stashpoint snap` runs: public or backend-facing types whose
+# dataclass behaviour (``dataclasses.replace``, ``vars``, ``__post_init__``) callers may use.
+_SNAP_DATACLASSES = {
+    "stashpoint.retention.Plan",
+    "stashpoint.retention.Policy",
+    "stashpoint.rewind.RewindResult",
+    "stashpoint.stores.base.Commit",
+    "stashpoint.stores.base.LogAppend",
+    "stashpoint.upkeep.Upkeep",
+    "stashpoint.upkeep.UpkeepReport",
+    "stashpoint.workspace.restore.RestoreStats",
+}
+
+
+def test_a_snapshot_defines_no_new_dataclasses(tmp_path: Path) -> None:
+    """Every CLI process pays for the classes its imports define: a dataclass compiles its
+    generated methods from source at each import (~4.5 M instructions for a frozen one in
+    Python 3.11; the bytecode cache does not cover them), a ``typing.NamedTuple`` ~0.7 M, a
+    class with ``__slots__`` next to nothing. So value types on the start-up path of a
+    command an agent's hook runs after every tool call are NamedTuples or plain classes."""
+    import sys
+
+    (tmp_path / "f.txt").write_text("one\n")
+    code = (
+        "import runpy, sys\n"
+        "sys.argv = ['stashpoint', 'snap', '-m', 'a']\n"
+        "try:\n"
+        "    runpy.run_module('stashpoint', run_name='__main__')\n"
+        "except SystemExit as exc:\n"
+        "    assert not exc.code, exc.code\n"
+        "found = sorted(\n"
+        "    f'{name}.{k}'\n"
+        "    for name, m in list(sys.modules.items()) if name.startswith('stashpoint')\n"
+        "    for k, v in vars(m).items()\n"
+        "    if isinstance(v, type) and v.__module__ == name\n"
+        "    and '__dataclass_fields__' in vars(v)\n"
+        ")\n"
+        "print('DATACLASSES', ' '.join(found))\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=120
+    )
+    assert proc.returncode == 0, proc.stderr
+    line = next(x for x in proc.stdout.splitlines() if x.startswith("DATACLASSES"))
+    assert set(line.split()[1:]) <= _SNAP_DATACLASSES
+
+
 def test_the_url_a_store_reports_opens_the_same_store(sp: Sp, tmp_path: Path) -> None:
     """``sqlite:///…/.stashpoint/store.db`` (the URL a store reports, and `stashpoint ui`
     prints) is the store of that directory: the same blob directory and the same locks. It

@@ -8,9 +8,8 @@ import hashlib
 import json
 import uuid
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from . import metakeys
 from .blobs.backend import BlobBackend
@@ -38,8 +37,7 @@ ENCRYPTION_META = metakeys.ENCRYPTION
 """Store meta key marking an encrypted store: cipher, KDF and key id (never the key)."""
 
 
-@dataclass(frozen=True)
-class Problem:
+class Problem(NamedTuple):
     """One thing ``verify`` found wrong."""
 
     message: str

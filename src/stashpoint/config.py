@@ -21,9 +21,8 @@ from __future__ import annotations
 
 import functools
 import os
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from . import metakeys
 from .errors import UsageError
@@ -51,8 +50,7 @@ __all__ = [
 ]
 
 
-@dataclass(frozen=True)
-class Setting:
+class Setting(NamedTuple):
     """One setting and every place it may come from."""
 
     name: str
@@ -70,8 +68,7 @@ class Setting:
     help: str = ""
 
 
-@dataclass(frozen=True)
-class Resolved:
+class Resolved(NamedTuple):
     """A setting's value and where it came from (``argument``, ``$NAME``,
     ``pyproject.toml``, ``store`` or ``default``)."""
 

@@ -16,9 +16,8 @@ from __future__ import annotations
 import copy
 import operator
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
 from itertools import compress
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from . import serde
 from ._ids import new_id
@@ -46,8 +45,7 @@ _is_leaf = _IMMUTABLE.__contains__
 _data = operator.itemgetter(1)  # of a log row: (chain, data)
 
 
-@dataclass
-class Known:
+class Known(NamedTuple):
     """The conversation as last checkpointed, independent of the caller's objects: what a
     new checkpoint's messages are compared against to find the prefix already stored.
 

@@ -23,7 +23,6 @@ from __future__ import annotations
 import atexit
 import threading
 import weakref
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
 from . import config, metakeys
@@ -41,18 +40,48 @@ DURABILITY_ENV = config.DURABILITY.env[0]
 
 Level = Literal["fsync", "group", "exit"]
 
+_set = object.__setattr__
 
-@dataclass(frozen=True)
+
 class Durability:
     """A durability level. Parse one from text with :meth:`parse`: ``fsync``, ``exit``,
-    ``group`` (every 64 checkpoints or 100 ms), ``group:N``, ``group:Tms`` or ``group:N,Tms``."""
+    ``group`` (every 64 checkpoints or 100 ms), ``group:N``, ``group:Tms`` or ``group:N,Tms``.
+    Immutable, compared and hashed by its fields."""
 
-    level: Level = "fsync"
-    every: int | None = None
+    __slots__ = ("every", "level", "ms")
+    level: Level
+    every: int | None
     """``group``: flush after this many deferred checkpoints (None: no count limit)."""
-    ms: float | None = None
+    ms: float | None
     """``group``: flush at the latest this many milliseconds after the oldest deferred one
     (None: no time limit)."""
+
+    def __init__(
+        self, level: Level = "fsync", every: int | None = None, ms: float | None = None
+    ) -> None:
+        _set(self, "level", level)
+        _set(self, "every", every)
+        _set(self, "ms", ms)
+
+    def __setattr__(self, name: str, value: object) -> None:
+        raise AttributeError(f"cannot assign to field {name!r}: a Durability is immutable")
+
+    def __delattr__(self, name: str) -> None:
+        raise AttributeError(f"cannot delete field {name!r}: a Durability is immutable")
+
+    def __repr__(self) -> str:
+        return f"Durability(level={self.level!r}, every={self.every!r}, ms={self.ms!r})"
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, Durability) and other.__class__ is self.__class__:
+            return (self.level, self.every, self.ms) == (other.level, other.every, other.ms)
+        return NotImplemented
+
+    def __hash__(self) -> int:
+        return hash((self.level, self.every, self.ms))
+
+    def __reduce__(self) -> tuple[type[Durability], tuple[Level, int | None, float | None]]:
+        return Durability, (self.level, self.every, self.ms)  # copy and pickle: no __setattr__
 
     @classmethod
     def parse(cls, text: str | Durability) -> Durability:

@@ -32,7 +32,6 @@ the first string actually scanned, never at CLI start-up.
 from __future__ import annotations
 
 import bisect
-import dataclasses
 import functools
 import hashlib
 import importlib
@@ -41,9 +40,8 @@ import json
 import re
 import warnings
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 __all__ = [
     "CONTEXT_RULES",
@@ -112,8 +110,7 @@ _SKIPPED_PLUGINS = frozenset(
 )
 
 
-@dataclass(frozen=True)
-class Rule:
+class Rule(NamedTuple):
     """One rule and what must hold in a text for it to possibly match."""
 
     name: str
@@ -397,7 +394,7 @@ def derived_rules_document() -> str:
     """What :data:`SHIPPED` should hold for these context rules and the installed
     detect-secrets."""
     own = [compile_rule(n, re.compile(rx)) for n, rx in CONTEXT_RULES.items()]
-    rows = [dataclasses.asdict(r) for r in own + _derive_detect_secrets_rules()]
+    rows = [r._asdict() for r in own + _derive_detect_secrets_rules()]
     doc = {"detect_secrets": _detect_secrets_version(), "context": _context_digest()}
     return json.dumps({**doc, "rules": rows}, indent=1) + "\n"
 

@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import os
 import re
-from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 from urllib.parse import unquote, unquote_plus, urlsplit
 
 from .errors import UsageError
@@ -36,8 +36,7 @@ _SERVERLESS = _ON_DISK | {"memory"}
 _SQLITE_SUFFIXES = (".db", ".sqlite", ".sqlite3")
 
 
-@dataclass(frozen=True)
-class StoreURL:
+class StoreURL(NamedTuple):
     """A store URL taken apart. ``scheme`` is ``sqlite`` for a plain path."""
 
     given: str

@@ -27,9 +27,8 @@ import hashlib
 import hmac
 import json
 import os
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from .errors import IntegrityError, RollbackError
 
@@ -56,8 +55,7 @@ def accept_from_env() -> bool:
     return os.environ.get(ACCEPT_ENV, "").lower() in ("1", "yes", "true", "on")
 
 
-@dataclass(frozen=True)
-class Lag:
+class Lag(NamedTuple):
     """One branch whose head in the store differs from what the witness saw."""
 
     session: str

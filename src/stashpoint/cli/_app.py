@@ -8,7 +8,6 @@ Exit codes: 0 ok, 1 usage or user error, 2 integrity failure,
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -22,16 +21,45 @@ EXIT_OK, EXIT_USER, EXIT_INTEGRITY, EXIT_CONFLICT = 0, 1, 2, 3
 STORE_DIR = ".stashpoint"
 
 
-@dataclass
 class Ctx:
-    store_url: str | None
-    session_name: str | None
-    json: bool
-    workspace: str | None
-    force: bool
-    mirror_url: str | None = None
-    _store: Any = None
-    _located: tuple[str, Path, str | None, str | None] | None = None
+    __slots__ = (
+        "_located",
+        "_store",
+        "force",
+        "json",
+        "mirror_url",
+        "session_name",
+        "store_url",
+        "workspace",
+    )
+
+    def __init__(
+        self,
+        store_url: str | None,
+        session_name: str | None,
+        json: bool,
+        workspace: str | None,
+        force: bool,
+        mirror_url: str | None = None,
+        _store: Any = None,
+        _located: tuple[str, Path, str | None, str | None] | None = None,
+    ) -> None:
+        self.store_url = store_url
+        self.session_name = session_name
+        self.json = json
+        self.workspace = workspace
+        self.force = force
+        self.mirror_url = mirror_url
+        self._store = _store
+        self._located = _located
+
+    def __repr__(self) -> str:
+        return (
+            f"Ctx(store_url={self.store_url!r}, session_name={self.session_name!r}, "
+            f"json={self.json!r}, workspace={self.workspace!r}, force={self.force!r}, "
+            f"mirror_url={self.mirror_url!r}, _store={self._store!r}, "
+            f"_located={self._located!r})"
+        )
 
     def locate(self, *, create: bool = False) -> tuple[str, Path, str | None, str | None]:
         """(store url, workspace root, session from a link file, branch from a link file)."""

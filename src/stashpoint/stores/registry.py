@@ -25,9 +25,8 @@ import contextlib
 import importlib
 import os
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 from .._fsutil import mkdir_private, sweep_temp_files
 from ..errors import StoreError, UsageError
@@ -50,8 +49,7 @@ __all__ = [
 ENTRY_POINT_GROUP = "stashpoint.backends"
 
 
-@dataclass
-class Opened:
+class Opened(NamedTuple):
     """What an opener hands back: the backend and, for a store with a local directory,
     where its blobs, locks and caches go."""
 
@@ -67,8 +65,7 @@ class Opened:
 Opener = Callable[[StoreURL], Opened]
 
 
-@dataclass(frozen=True)
-class Backend:
+class Backend(NamedTuple):
     """A registered scheme: its opener and what it accepts."""
 
     opener: Opener | str

@@ -16,7 +16,6 @@ import os
 import stat
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import msgspec
@@ -169,15 +168,42 @@ def encode_tree(entries: list[TreeEntry]) -> bytes:
     return _tree_encoder.encode(entries)
 
 
-@dataclass
 class ScanResult:
-    tree: bytes
-    files: int = 0
-    bytes: int = 0
-    read_files: int = 0
-    read_bytes: int = 0
-    skipped: list[str] = field(default_factory=list)
-    """Paths left out because they are neither file, directory nor symlink."""
+    __slots__ = ("bytes", "files", "read_bytes", "read_files", "skipped", "tree")
+
+    def __init__(
+        self,
+        tree: bytes,
+        files: int = 0,
+        bytes: int = 0,
+        read_files: int = 0,
+        read_bytes: int = 0,
+        skipped: list[str] | None = None,
+    ) -> None:
+        self.tree = tree
+        self.files = files
+        self.bytes = bytes
+        self.read_files = read_files
+        self.read_bytes = read_bytes
+        self.skipped: list[str] = [] if skipped is None else skipped
+        """Paths left out because they are neither file, directory nor symlink."""
+
+    def __repr__(self) -> str:
+        return (
+            f"ScanResult(tree={self.tree!r}, files={self.files!r}, bytes={self.bytes!r}, "
+            f"read_files={self.read_files!r}, read_bytes={self.read_bytes!r}, "
+            f"skipped={self.skipped!r})"
+        )
+
+    def __eq__(self, other: object) -> bool:
+        if other.__class__ is not self.__class__:
+            return NotImplemented
+        return _scan_fields(self) == _scan_fields(other)
+
+    __hash__ = None  # type: ignore[assignment]  # mutable, as a dataclass with eq is
+
+
+_scan_fields = operator.attrgetter(*ScanResult.__slots__)
 
 
 class Scanner:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import weakref
 from collections.abc import Iterator
-from dataclasses import dataclass
+from typing import NamedTuple
 
 import msgspec
 
@@ -43,8 +43,7 @@ def _valid(entries: dict[bytes, TreeEntry], count: int) -> bool:
     return True
 
 
-@dataclass(frozen=True)
-class Change:
+class Change(NamedTuple):
     path: bytes
     """Relative path, '/'-separated bytes."""
     status: str
