@@ -423,15 +423,24 @@ class SqliteStore(SqlStore):
             raise ConflictError(f"log {a.log} grew under us; another writer appended first")
         self._insert_messages(cur, a, False)
 
+    # A format-1 store (schema 3, read-only until upgraded) keeps its messages keyed by
+    # (log, idx): it is read with the layout-neutral queries of SqlStore.
     def log_info(self, log: str) -> LogInfo | None:
+        if self.format_v1:
+            return super().log_info(log)
         rows = self._read(_LOG_SELECT + " WHERE id=?", (log,))
         return _log_info(rows[0])[1] if rows else None
 
     def iter_logs(self) -> Iterator[tuple[str, LogInfo]]:
+        if self.format_v1:
+            yield from super().iter_logs()
+            return
         for row in self._read(_LOG_SELECT + " ORDER BY num"):
             yield _log_info(row)
 
     def read_messages(self, log: str, start: int, stop: int) -> list[MessageRow]:
+        if self.format_v1:
+            return super().read_messages(log, start, stop)
         rows = self._read(_READ_MESSAGES, (log, start, stop))
         return [MessageRow(int(i), bytes(c), bytes(d)) for i, c, d in rows]
 
