@@ -6,9 +6,11 @@ made a cycle through the package). Imports inside functions count too."""
 from __future__ import annotations
 
 import importlib
+import os
 import pkgutil
 import subprocess
 import sys
+from pathlib import Path
 
 import click
 import pytest
@@ -84,3 +86,43 @@ def test_help_imports_no_command_and_not_rich() -> None:
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.splitlines()[-1] == "['stashpoint.cli', 'stashpoint.cli._lazy']"
+
+
+@pytest.mark.parametrize("columns", ["200", "80", "79", "60"])
+def test_prerendered_help_is_what_click_prints(columns: str, tmp_path: Path) -> None:
+    """``stashpoint --help`` prints a pre-rendered text without importing click when click
+    would print exactly that text (80 columns or more); narrower, click itself wraps it.
+    Either way the bytes equal click's own output at that width."""
+    env = {**os.environ, "COLUMNS": columns}
+    script = Path(sys.executable).parent / "stashpoint"
+    fast = subprocess.run(
+        [str(script), "--help"], capture_output=True, text=True, env=env, cwd=tmp_path
+    )
+    by_click = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import sys; sys.argv[0] = 'stashpoint'; from stashpoint.cli import main; main()",
+            "--help",
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=tmp_path,
+    )
+    assert fast.returncode == by_click.returncode == 0, fast.stderr + by_click.stderr
+    assert fast.stdout == by_click.stdout
+    probe = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import sys; sys.argv = ['stashpoint', '--help']\n"
+            "try:\n    from stashpoint.__main__ import main; main()\n"
+            "finally:\n    print('click' in sys.modules, file=sys.stderr)",
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=tmp_path,
+    )
+    assert probe.stderr.strip() == str(int(columns) < 80)  # click imported only when narrow
