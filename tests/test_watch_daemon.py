@@ -98,9 +98,14 @@ def start(sp: Sp, cwd: Path, *args: str) -> dict[str, Any]:
 
 
 def gone(pid: int) -> bool:
+    """The process has exited and closed its files: reaped, or a zombie with no thread left.
+    A killed multi-threaded daemon's main thread turns zombie first while its other threads
+    are still exiting, its listening socket still open: a client connecting then is queued
+    and reset when the last thread exits (the test saw "connection reset by peer")."""
     try:
         with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] == "Z"
+            zombie = f.read().rsplit(")", 1)[1].split()[0] == "Z"
+        return zombie and len(os.listdir(f"/proc/{pid}/task")) <= 1
     except FileNotFoundError:
         return True
 
