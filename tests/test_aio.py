@@ -753,6 +753,35 @@ def _calls_in_a_child(made_before: SerialQueue) -> None:
 
 
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="fork is POSIX")
+def test_a_queue_forked_while_it_runs_a_call_works_in_the_child() -> None:
+    """A fork that lands while one of the parent's workers is running a queue's call (or has
+    delivered its result and not yet marked the queue idle): the child's queue is idle and
+    empty, not waiting forever for a drain by a thread the child does not have."""
+    queue = SerialQueue()
+    release = threading.Event()
+    started = threading.Event()
+
+    def blocking() -> None:
+        started.set()
+        release.wait(30)
+
+    running = queue.submit(blocking)
+    assert started.wait(10)
+    queue.submit(lambda: None)  # queued behind it: the parent's, not to be run by the child
+    try:
+        child = multiprocessing.get_context("fork").Process(target=_calls_in_a_child, args=(queue,))
+        child.start()
+        child.join(20)
+        if child.exitcode is None:  # the failure this test is about: the child hangs
+            child.kill()
+            child.join()
+        assert child.exitcode == 0
+    finally:
+        release.set()
+        running.result(10)
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="fork is POSIX")
 def test_serial_queues_work_in_a_forked_child() -> None:
     """The integrations' queues share one pool: a child forked after it started threads (an
     agent worker forked from a service) gets its own, instead of waiting forever on the

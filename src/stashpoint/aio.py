@@ -67,6 +67,7 @@ import functools
 import inspect
 import os
 import threading
+import weakref
 from collections.abc import (
     Awaitable,
     Callable,
@@ -129,11 +130,21 @@ def _shared_pool() -> ThreadPoolExecutor:
         return _shared
 
 
+_queues: weakref.WeakSet[SerialQueue] = weakref.WeakSet()
+"""Every live queue, reset in a forked child (:func:`_forget_shared_pool`)."""
+
+
 def _forget_shared_pool() -> None:
     """In a forked child: the parent's pool has no threads here (and counts its idle ones as
-    if it had: work given to it would wait forever), so the child makes its own."""
+    if it had: work given to it would wait forever), so the child makes its own. Each queue
+    starts empty and idle: a fork can land while a parent's worker, its call's result already
+    delivered, has not yet marked the queue idle (the child's queue would then wait for a
+    drain that never comes), and calls still queued are the parent's, not to be run twice."""
     global _shared, _shared_lock
     _shared, _shared_lock = None, threading.Lock()
+    for queue in list(_queues):
+        queue._lock, queue._draining = threading.Lock(), False
+        queue._queue.clear()
 
 
 if hasattr(os, "register_at_fork"):  # POSIX
@@ -156,6 +167,7 @@ class SerialQueue:
         self._lock = threading.Lock()
         self._queue: collections.deque[tuple[Callable[[], Any], Future[Any]]] = collections.deque()
         self._draining = False
+        _queues.add(self)
 
     def submit(self, fn: Callable[[], T]) -> Future[T]:
         fut: Future[T] = Future()
