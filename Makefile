@@ -4,7 +4,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test lint bench setup clean
+.PHONY: demo test test-slow lint bench setup clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -24,7 +24,11 @@ test: $(STAMP)
 	@missing=""; command -v chromium >/dev/null || missing="$$missing chromium"; \
 	  command -v pgbouncer >/dev/null || [ -x /usr/sbin/pgbouncer ] || missing="$$missing pgbouncer"; \
 	  [ -z "$$missing" ] || echo "note: the browser and PgBouncer tests are skipped without:$$missing (apt-get install$$missing; .ci/run does this)"
-	$(PY) -m pytest -n auto
+	$(PY) -m pytest -n auto -m "not slow"
+
+# The kill -9 and chaos harnesses (tests marked slow): CI runs them after `make test`.
+test-slow: $(STAMP)
+	$(PY) -m pytest -n auto -m slow
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check src tests bench examples tools
