@@ -51,6 +51,7 @@ from .errors import (
 )
 from .integrity import message_chain
 from .model import Checkpoint, utc_now_iso
+from .stores import formats
 from .stores.base import (
     BlobRow,
     CheckpointRow,
@@ -106,6 +107,7 @@ def _clear_behind(meta: MetaKV, seen: dict[str, str]) -> None:
 
 
 _T = TypeVar("_T")
+_V = TypeVar("_V")
 
 _BATCH_BYTES = 8 << 20
 _BATCH_MESSAGES = 1000
@@ -114,10 +116,12 @@ _BATCH_MESSAGES = 1000
 class _Replicator:
     """Copies checkpoints and what they reference from a verified primary to a mirror."""
 
-    def __init__(self, primary: Store, mirror: Store) -> None:
+    def __init__(self, primary: Store, mirror: Store, *, follow_back: bool = False) -> None:
         self.p = primary
         self.m = mirror
         self.reader = TreeReader(primary.blobs)
+        self.follow_back = follow_back
+        """The user accepted a primary older than its mirror: copy its heads back."""
 
     # -- blobs ----------------------------------------------------------------------------
     def blobs(self, digests: Iterable[bytes]) -> None:
@@ -247,16 +251,34 @@ class _Replicator:
         earlier failure is caught up by ``sync``, so the others need no reads)."""
         for branch in [only] if only is not None else self.p.meta.branches(session):
             for _attempt in range(5):
-                current = self.m.meta.get_head(session, branch)
+                current = self.m.refs.head_seq(session, branch)
                 # The primary's head read after the mirror's: a writer copies its head to the
                 # mirror only once the primary has it, so this is never older than what another
                 # writer copied meanwhile (read first, a stale head moved the mirror backwards).
-                head = self.p.meta.get_head(session, branch)
-                if head is None or current == head:
+                mine = self.p.refs.head_seq(session, branch)  # its MAC checked
+                if mine is None:
                     break
+                head, seq = mine
+                old = current[0] if current is not None else None
+                if old == head and current is not None and seq <= current[1]:
+                    break  # there already (a higher sequence number is re-stamped below)
+                if (
+                    current is not None
+                    and old != head
+                    and 0 < seq <= current[1]
+                    and not self.follow_back
+                ):
+                    raise IntegrityError(
+                        f"branch {branch!r} of session {session!r} is at sequence {seq} in the "
+                        f"primary and {current[1]} in the mirror: the primary is older than "
+                        "its mirror (rolled back, or its tip forged); nothing copied"
+                    )
                 self.checkpoint(head)
                 try:
-                    self.m.meta.set_head(session, branch, head, current)
+                    if seq > 0:  # the primary's number: each store can witness the other
+                        self.m.refs.copy_head(session, branch, head, old, seq)
+                    else:  # refs from before sequence numbers: the mirror numbers its own
+                        self.m.meta.set_head(session, branch, head, old)
                     break
                 except ConflictError:
                     continue
@@ -498,7 +520,13 @@ class MirroredStore(Store):
     """A :class:`Store` whose checkpoints are also written to a mirror store."""
 
     def __init__(
-        self, primary: Store, mirror: Store | None, mirror_url: str, error: str = ""
+        self,
+        primary: Store,
+        mirror: Store | None,
+        mirror_url: str,
+        error: str = "",
+        *,
+        accept_rollback: bool = False,
     ) -> None:
         # Adopt the primary's parts rather than opening them a second time: its blob
         # directory lock and worker pool are already there, and GC counts open stores.
@@ -508,7 +536,12 @@ class MirroredStore(Store):
         self.mirror = mirror
         self.mirror_url = mirror_url
         self.mirror_error = error
-        self.replicator = _Replicator(primary, mirror) if mirror is not None else None
+        self.accept_rollback = accept_rollback
+        self.replicator = (
+            _Replicator(primary, mirror, follow_back=accept_rollback)
+            if mirror is not None
+            else None
+        )
         self.meta = _MirroredMeta(primary.meta, self)
         blobs = _FallbackBlobs.__new__(_FallbackBlobs)
         blobs.__dict__.update(vars(primary.blobs))
@@ -516,6 +549,16 @@ class MirroredStore(Store):
         blobs.mirror = mirror.blobs if mirror is not None else None
         blobs.label = mirror_url
         self.blobs = blobs
+        if mirror is not None and primary.format == mirror.format == formats.CURRENT:
+            from .witness import MirrorWitness
+
+            primary.refs.observer = MirrorWitness(
+                primary.refs,
+                mirror.refs,
+                mirror_url,
+                primary.refs.observer,
+                accept=accept_rollback,
+            )
 
     def get(self, ident: str, *, check_parent: bool = True) -> Checkpoint:
         try:
@@ -569,10 +612,18 @@ class MirroredStore(Store):
             self.mirror.close()
 
 
-def mirrored(primary: Store, mirror_url: str, open_mirror: Callable[[str], Store]) -> MirroredStore:
+def mirrored(
+    primary: Store,
+    mirror_url: str,
+    open_mirror: Callable[[str], Store],
+    *,
+    accept_rollback: bool = False,
+) -> MirroredStore:
     """Wrap ``primary`` so that its checkpoints are also written to the store at ``mirror_url``.
 
-    A mirror that cannot be opened does not stop the primary (see the module docstring).
+    A mirror that cannot be opened does not stop the primary (see the module docstring). The
+    mirror also witnesses the primary's heads: a primary older than its mirror is refused
+    (:class:`~stashpoint.witness.MirrorWitness`) unless ``accept_rollback``.
     """
     try:
         mirror: Store | None = open_mirror(mirror_url)
@@ -591,7 +642,7 @@ def mirrored(primary: Store, mirror_url: str, open_mirror: Callable[[str], Store
         mirror.close()
         primary.close()
         raise UsageError(f"the mirror {mirror_url} is the primary store itself")
-    return MirroredStore(primary, mirror, mirror_url, error)
+    return MirroredStore(primary, mirror, mirror_url, error, accept_rollback=accept_rollback)
 
 
 # -- verify --mirror ------------------------------------------------------------------------
@@ -692,16 +743,41 @@ def compare_stores(primary: Store, mirror: Store) -> MirrorReport:
         for ident, pl, ml in labels:
             text = f"checkpoint {ident}: primary label {pl!r}, mirror label {ml!r}"
             report.behind.append(Problem(text, ident, session))
-        heads = _differing(primary.meta.branches(session), mirror.meta.branches(session))
-        for branch, ph, mh in heads:
-            text = f"branch {branch!r} of session {session!r}: primary head {ph}, mirror head {mh}"
-            report.behind.append(Problem(text, ph or mh, session))
+        heads = _differing(_head_seqs(primary, session), _head_seqs(mirror, session))
+        for branch, pv, mv in heads:
+            where = f"branch {branch!r} of session {session!r}"
+            if pv is not None and mv is not None and 0 < pv[1] <= mv[1]:
+                # The mirror is written after the primary, with its sequence numbers: it is
+                # never ahead of a genuine primary (see MirrorWitness).
+                how = (
+                    f"the primary was rolled back from seq {mv[1]} to {pv[1]}"
+                    if pv[1] < mv[1]
+                    else f"a forged or forked tip: both are at seq {pv[1]}"
+                )
+                text = f"{where}: primary head {pv[0]}, mirror head {mv[0]}: {how}"
+                report.damaged.append(Problem(text, pv[0], session))
+            else:
+                ph, mh = (pv[0] if pv else None), (mv[0] if mv else None)
+                text = f"{where}: primary head {ph}, mirror head {mh}"
+                report.behind.append(Problem(text, ph or mh, session))
     return report
 
 
+def _head_seqs(store: Store, session: str) -> dict[str, tuple[str, int]]:
+    """Branch -> (head, sequence number) as stored (a head whose MAC fails counts as seq 0:
+    that store's own verification reports it)."""
+    out = {}
+    for branch, (target, auth) in store.refs.inner.head_rows(session).items():
+        try:
+            out[branch] = (target, store.refs.signer.check("head", session, branch, target, auth))
+        except IntegrityError:
+            out[branch] = (target, 0)
+    return out
+
+
 def _differing(
-    primary: dict[str, str], mirror: dict[str, str]
-) -> list[tuple[str, str | None, str | None]]:
+    primary: dict[str, _V], mirror: dict[str, _V]
+) -> list[tuple[str, _V | None, _V | None]]:
     """(key, primary's value, mirror's value) wherever the two differ, by key."""
     keys = sorted(primary.keys() | mirror.keys())
     return [(k, primary.get(k), mirror.get(k)) for k in keys if primary.get(k) != mirror.get(k)]

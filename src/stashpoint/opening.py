@@ -85,6 +85,7 @@ def open_store(
         encryption_key = None
     if mirror is not None:
         from .mirror import mirrored
+        from .witness import accept_from_env
 
         try:
             primary = open_store(
@@ -103,6 +104,7 @@ def open_store(
             primary,
             os.fspath(mirror),
             lambda u: open_store(u, key=key, encryption_key=encryption_key),
+            accept_rollback=accept_from_env() if accept_rollback is None else accept_rollback,
         )
     parsed = parse_store_url(url, blobs=blobs)
     level = Durability.parse(durability) if durability is not None else None

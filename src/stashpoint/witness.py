@@ -27,12 +27,16 @@ import hashlib
 import hmac
 import json
 import os
+import warnings
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
-from .errors import IntegrityError, RollbackError
+from .errors import IntegrityError, MirrorWarning, RollbackError, StoreError
 
-__all__ = ["ACCEPT_ENV", "DIR_ENV", "Lag", "Witness", "witness_dir"]
+if TYPE_CHECKING:
+    from .stores.refauth import AuthenticatedRefs, Observer
+
+__all__ = ["ACCEPT_ENV", "DIR_ENV", "Lag", "MirrorWitness", "Witness", "witness_dir"]
 
 DIR_ENV = "STASHPOINT_WITNESS_DIR"
 ACCEPT_ENV = "STASHPOINT_ACCEPT_ROLLBACK"
@@ -217,3 +221,90 @@ class Witness:
             with contextlib.suppress(OSError):
                 os.unlink(tmp)
             raise
+
+
+class MirrorWitness:
+    """A mirror store as a second witness of the primary's heads (chained to ``then``, the
+    local witness, if any).
+
+    A mirror copies each head with the primary's own sequence number, after the primary has
+    it. So the mirror is never legitimately *ahead* of the primary: a primary head whose
+    sequence number is below the mirror's is a primary that went back in time (restored from
+    an older copy, its newest rows dropped), and the same sequence number with another head is
+    a forged or forked tip. A primary ahead of its mirror is lag: the mirror catches up on a
+    later write. Unlike the local witness this one needs no earlier visit by this user: any
+    machine that opens the store with its mirror sees it.
+
+    A head read here races with writers: between our read of the primary and our read of the
+    mirror, another process may move the primary and copy the move. So a mirror that looks
+    ahead is compared with the primary read again, after it: a writer copies to the mirror
+    only what the primary already has, so a genuine primary has caught up by then.
+    """
+
+    def __init__(
+        self,
+        primary: AuthenticatedRefs,
+        mirror: AuthenticatedRefs,
+        label: str,
+        then: Observer | None,
+        *,
+        accept: bool = False,
+    ) -> None:
+        self.primary = primary
+        self.mirror = mirror
+        self.label = label
+        self.then = then
+        self.accept = accept
+        self.accepted: list[Lag] = []
+
+    def lag(self, session: str, branch: str, head: str, seq: int) -> Lag | None:
+        """How the primary's head (``head`` at ``seq``) compares with the mirror's: None when
+        it is the mirror's or ahead of it (or there is nothing to compare)."""
+        for _attempt in range(2):
+            try:
+                theirs = self.mirror.head_seq(session, branch)
+            except (StoreError, IntegrityError) as exc:
+                warnings.warn(
+                    f"the mirror {self.label} cannot witness branch {branch!r} of session "
+                    f"{session!r}: {exc}",
+                    MirrorWarning,
+                    stacklevel=4,
+                )
+                return None
+            if theirs is None or theirs[1] <= 0 or seq <= 0:
+                return None  # not copied yet, or refs from before sequence numbers
+            if seq > theirs[1] or (seq == theirs[1] and head == theirs[0]):
+                return None
+            again = self.primary.head_seq(session, branch)  # moved on meanwhile?
+            if again is None:
+                return Lag(session, branch, theirs[1], theirs[0], None, None, rolled_back=True)
+            if (again[1], again[0]) == (seq, head):
+                return Lag(session, branch, theirs[1], theirs[0], seq, head, seq < theirs[1])
+            head, seq = again
+        return None
+
+    def observe(self, session: str, branch: str, head: str, seq: int) -> None:
+        if self.then is not None:
+            self.then.observe(session, branch, head, seq)
+        lag = self.lag(session, branch, head, seq)
+        if lag is None:
+            return
+        text = lag.message.replace("this user saw", "the mirror has").replace(
+            "when this user last saw it", f"in the mirror {self.label}"
+        )
+        if not lag.rolled_back:
+            raise IntegrityError(text, checkpoint=head)
+        if not self.accept:
+            raise RollbackError(
+                f"{text}; if you restored this store on purpose, accept it with "
+                f"--accept-rollback (or {ACCEPT_ENV}=1)",
+                seen=lag.seen_seq,
+                now=seq,
+            )
+        self.accepted.append(lag)
+
+    def observe_session(self, session: str, branches: set[str]) -> None:
+        # A branch the mirror has and the primary lacks is a deletion not copied yet, or a
+        # rollback: only ``verify --mirror`` tells them apart (it reports both).
+        if self.then is not None:
+            self.then.observe_session(session, branches)

@@ -220,6 +220,24 @@ class AuthenticatedRefs(ForwardingStore):
         self.seen[(session, branch)] = (new, seq)
         self.digests.pop((session, branch), None)
 
+    def copy_head(
+        self, session: str, branch: str, new: str, expected: str | None, seq: int
+    ) -> None:
+        """Move a head to ``new`` at the sequence number another store gave it (a mirror copies
+        the primary's heads this way, so that each store can witness the other's)."""
+        auth = self.signer.auth("head", session, branch, new, seq)
+        self.inner.set_head(session, branch, new, expected, auth=auth)
+        self.seen[(session, branch)] = (new, seq)
+        self.digests.pop((session, branch), None)
+
+    def head_seq(self, session: str, branch: str) -> tuple[str, int] | None:
+        """(head, sequence number) of a branch as stored, its MAC checked, without telling
+        the observer: what another store's witness compares against."""
+        row = self.inner.head_row(session, branch)
+        if row is None:
+            return None
+        return row[0], self.signer.check("head", session, branch, *row)
+
     def commit(self, commit: Commit) -> None:
         if not commit.move_head:
             self.inner.commit(commit)
