@@ -64,9 +64,11 @@ def test_a_primary_restored_from_an_older_copy_is_refused_by_its_mirror(
 
     with stashpoint.open(primary, key=key) as store:  # alone, nothing can tell
         assert store.session("main").head is not None
-    with pytest.raises(RollbackError, match="rolled back from seq 3 to 1"):
-        with stashpoint.open(primary, key=key, mirror=mirror) as store:
-            store.session("main").head  # noqa: B018 - reading the head is the check
+    with (
+        pytest.raises(RollbackError, match="rolled back from seq 3 to 1"),
+        stashpoint.open(primary, key=key, mirror=mirror) as store,
+    ):
+        store.session("main").head  # noqa: B018 - reading the head is the check
     with stashpoint.open(mirror, key=key) as m, stashpoint.open(primary, key=key) as p:
         report = compare_stores(p, m)
     assert not report.ok
@@ -99,9 +101,11 @@ def test_a_forged_tip_at_the_same_sequence_is_damage_not_lag(
     with stashpoint.open(primary) as store:
         head = store.session("main").head
         assert head is not None and head.id == ids[0]  # accepted without the mirror
-    with pytest.raises(IntegrityError, match="forged or forked tip") as info:
-        with stashpoint.open(primary, mirror=mirror) as store:
-            store.session("main").head  # noqa: B018
+    with (
+        pytest.raises(IntegrityError, match="forged or forked tip") as info,
+        stashpoint.open(primary, mirror=mirror) as store,
+    ):
+        store.session("main").head  # noqa: B018
     assert not isinstance(info.value, RollbackError)
     with stashpoint.open(mirror) as m, stashpoint.open(primary) as p:
         report = compare_stores(p, m)
