@@ -283,6 +283,43 @@ UPGRADE_KILLS = 25
 SEED = 20261126
 
 
+def _kill_upgrades(
+    sp: Sp,
+    tmp_path: Path,
+    url: Callable[[], str],
+    fresh: Callable[[], None],
+    env: dict[str, str],
+    *,
+    kills: int,
+    seed: int,
+    name: str,
+) -> None:
+    """``kill -9`` of ``stashpoint upgrade`` at random instants until ``kills`` were killed
+    mid-way. After each kill the store opens as format 1 or 2 (never neither), verifies and
+    shows the same history; the upgrade run again finishes it."""
+    seen = history(sp, url(), tmp_path)
+    duration = measure(lambda: sp("--store", url(), "upgrade"), 3, reset=fresh)
+    rng = random.Random(seed)
+    killed = 0
+    outcomes: dict[int, int] = {1: 0, 2: 0}
+    for i in range(4 * kills):
+        if killed == kills:
+            break
+        fresh()
+        code, _ = run_killed(["--store", url(), "upgrade"], tmp_path, env, rng.uniform(0, duration))
+        killed += code != 0
+        report = json.loads(sp("--store", url(), "verify", "--json", cwd=tmp_path).out)
+        assert report["ok"], (i, report)
+        outcomes[report["format"]] += 1
+        assert history(sp, url(), tmp_path) == seen, f"kill {i}"
+        sp("--store", url(), "upgrade", cwd=tmp_path)
+        report = json.loads(sp("--store", url(), "verify", "--json", cwd=tmp_path).out)
+        assert report["ok"] and report["format"] == 2, (i, report)
+        assert history(sp, url(), tmp_path) == seen, f"kill {i}, upgraded again"
+    assert killed == kills, f"only {killed} upgrades were killed mid-way"
+    print(f"upgrade kills ({name}): {killed}; opened afterwards as format 1/2: {outcomes}")
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("name", ["plain", "files"])
 def test_upgrade_killed_at_random_instants_leaves_a_v1_or_v2_store(
@@ -290,9 +327,6 @@ def test_upgrade_killed_at_random_instants_leaves_a_v1_or_v2_store(
 ) -> None:
     """After each kill the store opens as format 1 or 2 (never neither), verifies, shows the
     same history, and the upgrade run again finishes it."""
-    rng = random.Random(SEED)
-    seen = history(sp, url_of(v1_copy(name, tmp_path / "ref")), tmp_path)
-    env = cli_env(tmp_path)
     store = tmp_path / "store"
 
     def fresh() -> None:
@@ -300,26 +334,16 @@ def test_upgrade_killed_at_random_instants_leaves_a_v1_or_v2_store(
         shutil.copytree(V1 / name, store)
 
     fresh()
-    duration = measure(lambda: sp("--store", url_of(store), "upgrade"), 3, reset=fresh)
-    killed = 0
-    outcomes: dict[int, int] = {1: 0, 2: 0}
-    for i in range(4 * UPGRADE_KILLS):
-        if killed == UPGRADE_KILLS:
-            break
-        fresh()
-        url = url_of(store)
-        code, _ = run_killed(["--store", url, "upgrade"], tmp_path, env, rng.uniform(0, duration))
-        killed += code != 0
-        report = json.loads(sp("--store", url, "verify", "--json", cwd=tmp_path).out)
-        assert report["ok"], (i, report)
-        outcomes[report["format"]] += 1
-        assert history(sp, url, tmp_path) == seen, f"kill {i}"
-        sp("--store", url, "upgrade", cwd=tmp_path)
-        report = json.loads(sp("--store", url, "verify", "--json", cwd=tmp_path).out)
-        assert report["ok"] and report["format"] == 2, (i, report)
-        assert history(sp, url, tmp_path) == seen, f"kill {i}, upgraded again"
-    assert killed == UPGRADE_KILLS, f"only {killed} upgrades were killed mid-way"
-    print(f"upgrade kills ({name}): {killed}; opened afterwards as format 1/2: {outcomes}")
+    _kill_upgrades(
+        sp,
+        tmp_path,
+        lambda: url_of(store),
+        fresh,
+        cli_env(tmp_path),
+        kills=UPGRADE_KILLS,
+        seed=SEED,
+        name=name,
+    )
 
 
 class _Crash(BaseException):
@@ -584,30 +608,20 @@ def test_server_upgrade_killed_at_random_instants(
 
         fresh()
 
-    seen = history(sp, url, tmp_path)
-    env = {**cli_env(tmp_path), "STASHPOINT_WITNESS": "off"}
-    duration = measure(lambda: sp("--store", url, "upgrade"), 3, reset=fresh)
-    rng = random.Random(SEED + 1)
-    killed = 0
-    outcomes: dict[int, int] = {1: 0, 2: 0}
-    for i in range(4 * SERVER_KILLS):
-        if killed == SERVER_KILLS:
-            break
-        fresh()
-        code, _ = run_killed(["--store", url, "upgrade"], tmp_path, env, rng.uniform(0, duration))
-        killed += code != 0
-        report = json.loads(sp("--store", url, "verify", "--json", cwd=tmp_path).out)
-        assert report["ok"], (i, report)
-        outcomes[report["format"]] += 1
-        assert history(sp, url, tmp_path) == seen, f"kill {i}"
-        sp("--store", url, "upgrade", cwd=tmp_path)
-        report = json.loads(sp("--store", url, "verify", "--json", cwd=tmp_path).out)
-        assert report["ok"] and report["format"] == 2, (i, report)
-        assert history(sp, url, tmp_path) == seen, f"kill {i}, upgraded again"
-    if backend == "redis":
-        client.close()
-    assert killed == SERVER_KILLS, f"only {killed} upgrades were killed mid-way"
-    print(f"upgrade kills ({backend}): {killed}; opened afterwards as format 1/2: {outcomes}")
+    try:
+        _kill_upgrades(
+            sp,
+            tmp_path,
+            lambda: url,
+            fresh,
+            {**cli_env(tmp_path), "STASHPOINT_WITNESS": "off"},
+            kills=SERVER_KILLS,
+            seed=SEED + 1,
+            name=backend,
+        )
+    finally:
+        if backend == "redis":
+            client.close()
 
 
 # -- the conformance suites on upgraded v1 stores -------------------------------------------
