@@ -30,6 +30,9 @@ with a note.
 
     python bench/bench_scale.py [--quick]      # or: python bench/run_all.py --only scale
     python bench/bench_scale.py --profile      # cProfile + SQL statements of one PG worker
+
+The run ends with ``bench_scale_graph``'s rows: the same LangGraph graph, 8 processes, on
+stashpoint's saver and on ``PostgresSaver`` (equal work, which the rows above are not).
 """
 
 from __future__ import annotations
@@ -615,6 +618,13 @@ def run(cfg: Config) -> dict[str, Any]:
         *(f"durability {k}: {v}" for k, v in durability.items()),
         f"machine: {os.cpu_count()} CPUs shared by the {PROCS} workers and the servers",
     ]
+    # At equal work: the same LangGraph graph on both savers (bench_scale_graph, alone:
+    # --only scale-graph).
+    from bench_scale_graph import run as run_graph
+
+    graph = run_graph(cfg)
+    rows += graph["rows"]
+    notes += [f"same-graph rows: {note}" for note in graph["notes"]]
     return {"name": "scale", "rows": rows, "notes": notes, "durability": durability}
 
 

@@ -35,6 +35,7 @@ BENCHES = {
     "durable": "bench_durable",
     "bundle": "bench_bundle",
     "scale": "bench_scale",
+    "scale-graph": "bench_scale_graph",
     "langgraph": "bench_langgraph",
     "artifacts": "bench_artifacts",
     "mirror": "bench_mirror",

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from stashpoint.stores.base import MetadataStore
+from stashpoint.stores.postgres import _COMMIT
 from stashpoint.testing.conformance import MetadataStoreConformance
 from stashpoint.testing.engine import EngineConformance
 
@@ -173,7 +174,9 @@ def test_a_checkpoint_runs_as_a_prepared_statement_and_survives_the_server_forge
         session.checkpoint({"step": 0})
         session.checkpoint({"step": 1})
         names = _prepared_names(store.meta)
-        assert len(names) == 1 and names[0].startswith("stashpoint_")
+        assert names and all(n.startswith("stashpoint_") for n in names)
+        commit = store.meta._names[_COMMIT].decode()  # type: ignore[attr-defined]
+        assert commit in names  # besides it: store values read and set at open
         # What a transaction pooler does to us: the next server connection lacks the statement.
         with store.meta._conn() as conn:  # type: ignore[attr-defined]
             conn.execute("DEALLOCATE ALL")

@@ -285,6 +285,15 @@ _COMMIT_DEFERRED = (  # the same implicit transaction, committed without waiting
     _COMMIT + b", set_config('synchronous_commit', 'off', true)"
 )
 _APPEND = f"SELECT sp_append({_placeholders(len(_APPEND_TYPES))})".encode()
+# A store-level value, read and set once per LangGraph put_writes (the saver's pending writes):
+# through libpq as well, each one autocommit statement.
+_GET_META = b"SELECT value FROM sp_meta WHERE key = $1"
+_SET_META = (
+    b"INSERT INTO sp_meta(key, value) VALUES ($1, $2) "
+    b"ON CONFLICT (key) DO UPDATE SET value = excluded.value RETURNING NULL::text"
+)
+_DELETE_META = b"DELETE FROM sp_meta WHERE key = $1 RETURNING NULL::text"
+_KEY_TYPES, _KEY_VALUE_TYPES = (_TEXT,), (_TEXT, _TEXT)
 
 _ELEMENT = {_BYTEA_ARRAY: _BYTEA, _INT4_ARRAY: _INT4, _INT8_ARRAY: _INT8}
 _I32, _I64 = struct.Struct("!i"), struct.Struct("!q")
@@ -503,7 +512,8 @@ class PostgresStore(SqlStore):
         return None if row is None else row[0]
 
     def _libpq_call(self, sql: bytes, types: Sequence[int], args: Sequence[Any]) -> str | None:
-        """One hot-path statement through libpq with binary parameters: its one text value."""
+        """One hot-path statement through libpq with binary parameters: its one text value
+        (None: SQL NULL, or no row)."""
         pq = self._psycopg.pq
         conn = self._getconn()  # not the _conn() context manager: ~5 us per checkpoint
         try:
@@ -519,7 +529,7 @@ class PostgresStore(SqlStore):
                 if res.status != pq.ExecStatus.TUPLES_OK:
                     failed = self._errors.error_from_result(res, encoding=encoding)
                     raise self._mapped(failed) from failed
-                value = res.get_value(0, 0)
+                value = res.get_value(0, 0) if res.ntuples else None
         except self._errors.Error as exc:  # the connection died while it idled in the pool
             raise self._mapped(exc) from exc
         finally:
@@ -614,6 +624,20 @@ class PostgresStore(SqlStore):
                 None if fence is None else fence.token,
             ),
         )
+
+    def get_meta(self, key: str) -> str | None:
+        return self._libpq_call(_GET_META, _KEY_TYPES, (key,))
+
+    def set_meta(self, key: str, value: str | None) -> None:
+        """One autocommit statement (its own implicit transaction), not BEGIN, the statement
+        and COMMIT: the same single durable write in one round trip instead of three. The
+        LangGraph saver reads and sets one (its pending writes) at every ``put_writes``, three
+        per turn of a two-node graph, where the round trips and psycopg's layer cost more CPU,
+        client and server, than the row: both go through libpq, prepared, as a commit does."""
+        if value is None:
+            self._libpq_call(_DELETE_META, _KEY_TYPES, (key,))
+        else:
+            self._libpq_call(_SET_META, _KEY_VALUE_TYPES, (key, value))
 
     def find_ids(self, prefix: str, session: str | None = None) -> list[str]:
         # LIKE, not a range: the server's collation may not sort "~" after letters.

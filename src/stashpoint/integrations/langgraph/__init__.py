@@ -60,8 +60,10 @@ How LangGraph's model maps onto stashpoint's:
 Reads verify every record and chain link they use and every message against its running
 hash, once per saver: the saver keeps the decoded messages of the last conversation logs it
 read (logs are append-only), so after a first read ``list`` and ``get_tuple`` decode only
-messages added since. Tuples share those message objects (and, within one ``list`` call, the
-decoded values common to several checkpoints): treat them as read-only. A ``put`` finds the
+messages added since; the messages a put appends join that view (chained and checked against
+the new record's hash), so the ``get_tuple`` that starts the next run does not fetch them
+back. Tuples share those message objects (and, within one ``list`` call, the decoded values
+common to several checkpoints): treat them as read-only. A ``put`` finds the
 messages already stored by content: each message's fields are compared with a copy taken when
 it was stored or first read by ``get_tuple`` (one ``list ==`` in C, ~2,200 CPU
 instructions a LangChain message: at 2,000 messages, ~3x the rest of a put), so a

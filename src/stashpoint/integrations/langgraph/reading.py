@@ -70,6 +70,34 @@ class Views:
                 self.logs.popitem(last=False)
             return got
 
+    def wrote(self, conv: LogRef, items: builtins.list[str]) -> None:
+        """A put of this saver committed ``conv`` (its conversation, ``items`` as stored):
+        a view of that log gets the rows just written, so the next read of this line (the
+        ``get_tuple`` that starts every run) does not fetch back its own messages.
+
+        The rows are made the way the session made them (each item's bytes, chained) and
+        taken only if their last link is the hash of the record just committed; anything
+        else (a new log, a view that lags, another writer) leaves the view to the store."""
+        v = self.get(conv.log)
+        if v is None:
+            return
+        with v.lock:
+            n = len(v.rows)
+            if not n < conv.length <= len(items):
+                return
+            link = v.rows[-1][0] if n else bytes.fromhex(EMPTY_CHAIN)
+            new = []
+            sha256 = hashlib.sha256
+            for item in items[n : conv.length]:
+                data = serde.encode(item)
+                link = sha256(link + data).digest()
+                new.append((link, data))
+            if link.hex() != conv.hash:
+                return
+            v.rows.extend(new)
+            if len(v.items) == n:
+                v.items.extend(items[n : conv.length])
+
 
 class Reader:
     def __init__(self, saver: StashpointSaver) -> None:

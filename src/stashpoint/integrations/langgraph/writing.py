@@ -184,6 +184,9 @@ def _put(
     entry = entry_of(sealed, sealed.meta[_META])
     entry.details = details
     self._index(th, entry)
+    conv = sealed.state.conversation
+    if conv is not None and conv_items is not None:
+        self._views.wrote(conv, conv_items)
     th.caches.pop(sealed.branch, None)
     th.caches[sealed.branch] = StateCache(
         sealed.id,

@@ -1,0 +1,143 @@
+"""What a LangGraph turn sends to the store: the saver does not fetch back the messages its own
+puts just wrote, and on PostgreSQL a store-level value (the saver's pending writes, set at every
+``put_writes``) is one statement, not a transaction block of three.
+
+A turn of a chat graph starts with ``get_tuple`` of the thread's latest checkpoint; the saver
+keeps the messages it read before, and its puts appended the turn's new ones: reading those back
+from the store was one more query per turn, for bytes the saver had just sent.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Any, TypedDict
+
+import pytest
+from langchain_core.messages import AIMessage, AnyMessage, HumanMessage
+from langgraph.graph import END, START, StateGraph, add_messages
+
+from stashpoint.integrations.langgraph import StashpointSaver
+
+from .test_postgres import pg_url  # noqa: F401 - fixture
+
+
+class _State(TypedDict):
+    messages: Annotated[list[AnyMessage], add_messages]
+    turn: int
+
+
+def _graph(saver: StashpointSaver) -> Any:
+    def plan(state: _State) -> dict[str, Any]:
+        return {"turn": state.get("turn", 0) + 1}
+
+    def reply(state: _State) -> dict[str, Any]:
+        return {"messages": [AIMessage(content=f"answer {state['turn']}")]}
+
+    g = StateGraph(_State)
+    g.add_node("plan", plan)
+    g.add_node("reply", reply)
+    g.add_edge(START, "plan")
+    g.add_edge("plan", "reply")
+    g.add_edge("reply", END)
+    return g.compile(checkpointer=saver)
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    if request.param == "postgres":
+        return str(request.getfixturevalue("pg_url"))
+    return str(tmp_path / "store")
+
+
+def test_a_turn_reads_back_none_of_the_messages_its_puts_wrote(store_url: str) -> None:
+    saver = StashpointSaver(store_url)
+    graph = _graph(saver)
+    config: Any = {"configurable": {"thread_id": "chat"}}
+    graph.invoke({"messages": [HumanMessage(content="hello")]}, config, durability="sync")
+    saver.get_tuple(config)  # the saver's first read of the line: from the store
+    read: list[tuple[str, int, int]] = []
+    real = saver.store.read_messages
+
+    def counted(log: str, start: int, stop: int) -> Any:
+        read.append((log, start, stop))
+        return real(log, start, stop)
+
+    saver.store.read_messages = counted  # type: ignore[method-assign]
+    for turn in range(2, 6):
+        graph.invoke({"messages": [HumanMessage(content=f"q{turn}")]}, config, durability="sync")
+    assert read == []  # every turn's get_tuple found its messages in the saver's view
+    ours = saver.get_tuple(config)
+    fresh = StashpointSaver(store_url)  # what the store holds, read and verified anew
+    theirs = fresh.get_tuple(config)
+    assert ours is not None and theirs is not None
+    assert ours.checkpoint == theirs.checkpoint
+    assert [m.content for m in ours.checkpoint["channel_values"]["messages"]] == [
+        x for t in range(1, 6) for x in ("hello" if t == 1 else f"q{t}", f"answer {t}")
+    ]
+    assert list(saver.list(config)) == list(fresh.list(config))
+    fresh.close()
+    saver.close()
+
+
+def test_a_view_is_not_extended_with_rows_that_do_not_match_the_record(store_url: str) -> None:
+    """The rows a put would add to a view are its items chained from the view's last link:
+    they are taken only when they end at the record's hash, else the view is left to the store."""
+    from stashpoint.model import LogRef
+
+    saver = StashpointSaver(store_url)
+    graph = _graph(saver)
+    config: Any = {"configurable": {"thread_id": "chat"}}
+    graph.invoke({"messages": [HumanMessage(content="hello")]}, config, durability="sync")
+    got = saver.get_tuple(config)
+    assert got is not None
+    conv = saver.record(got.config).state.conversation
+    assert conv is not None
+    view = saver._views.get(conv.log)
+    assert view is not None and len(view.rows) == conv.length
+    before = list(view.rows)
+    wrong = LogRef(conv.log, conv.length + 1, "00" * 32)
+    saver._views.wrote(wrong, ["x"] * (conv.length + 1))
+    assert view.rows == before
+    saver.close()
+
+
+def test_setting_a_store_value_on_postgres_is_one_statement(pg_url: str) -> None:  # noqa: F811
+    import psycopg
+
+    from stashpoint.stores.postgres import PostgresStore
+
+    store = PostgresStore(pg_url)
+    sent: list[str] = []
+    blocks: list[int] = []
+    execute, transaction = psycopg.Cursor.execute, psycopg.Connection.transaction
+    libpq = PostgresStore._libpq_call
+
+    def counted_execute(self: Any, query: Any, *a: Any, **k: Any) -> Any:
+        sent.append(str(query))
+        return execute(self, query, *a, **k)
+
+    def counted_libpq(self: Any, sql: bytes, *a: Any) -> Any:
+        sent.append(sql.decode())
+        return libpq(self, sql, *a)
+
+    def counted_transaction(self: Any, *a: Any, **k: Any) -> Any:
+        blocks.append(1)
+        return transaction(self, *a, **k)
+
+    mp = pytest.MonkeyPatch()
+    mp.setattr(psycopg.Cursor, "execute", counted_execute)
+    mp.setattr(psycopg.Connection, "transaction", counted_transaction)
+    mp.setattr(PostgresStore, "_libpq_call", counted_libpq)
+    try:
+        store.set_meta("k", "one")
+        store.set_meta("k", "two")  # over an existing value
+        store.set_meta("gone", None)  # deleting what is not there
+    finally:
+        mp.undo()
+    assert len(sent) == 3 and blocks == []  # one statement each, no BEGIN / COMMIT
+    other = PostgresStore(pg_url)  # committed: another connection sees it
+    assert other.get_meta("k") == "two"
+    store.set_meta("k", None)
+    assert other.get_meta("k") is None
+    other.close()
+    store.close()
