@@ -278,6 +278,17 @@ def _nothing() -> None:
     pass
 
 
+def _served_kind(cmd: list[str]) -> str:
+    """Which script the daemon rows ran (see ``_common.served_cmd``)."""
+    try:
+        text = Path(cmd[-1]).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError):
+        return "unknown"
+    if "site-less launcher" in text:
+        return "the site-less launcher `make setup` installs (python -S)"
+    return "pip's console-script wrapper"
+
+
 def _count_reads(run: Any) -> list[int]:
     """Instrument one session (bench only): how many files each scan actually read.
 
@@ -406,6 +417,7 @@ def run(cfg: Config) -> dict[str, Any]:
         "with 1 changed; the CLI has no watcher (one process per command)",
         "daemon: `stashpoint watch start`, then each `stashpoint snap`/`rewind` is a process "
         "(interpreter start included) that hands the command to the daemon over its socket; "
+        f"the `stashpoint` script is {_served_kind(b.served)}; "
         "the daemon keeps the store open and an inotify watch (checked: every daemon row was "
         "served by it, none fell back)",
         "files read per API snapshot: the K files just edited plus the K edited before the "

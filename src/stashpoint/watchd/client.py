@@ -11,8 +11,6 @@ lazily where it can be (the import time of this module is the latency floor of a
 command).
 """
 
-from __future__ import annotations
-
 import os
 import sys
 
@@ -156,7 +154,7 @@ def _put_back_stdin(data: str) -> None:
     os.close(r)
 
 
-def _connect(path: str) -> Any:
+def _connect(path: str) -> "Any":
     """A connection to the daemon at ``path``; OSError when none listens there, or when what
     listens is not this user's process (the socket's directory is this user's, but a
     process that can write there must not be able to pose as the daemon)."""
