@@ -65,6 +65,11 @@ def test_served_and_fallback_commands_print_what_the_cli_prints(tmp_path: Path) 
         assert "step 2" in served.stdout
         status = json.loads(_run([str(script), "watch", "status", "--json"], proj, env).stdout)
         assert status["requests"] == 1  # the snap, and nothing else, went to the daemon
+        # What a served command loads: none of these (each costs more than its own work).
+        timed = _run([sys.executable, "-S", "-X", "importtime", str(script), "log"], proj, env)
+        loaded = {line.rsplit("|", 1)[-1].strip() for line in timed.stderr.splitlines()}
+        assert "stashpoint.watchd.client" in loaded
+        assert not loaded & {"os", "site", "re", "json", "_json", "_blake2", "__future__", "click"}
         for args in (["log"], ["log", "--json"], ["--version"], ["verify"], ["nosuch"]):
             mine = _run([str(script), *args], proj, env)
             cli = _run([*STASHPOINT, *args], proj, {**env, "STASHPOINT_NO_DAEMON": "1"})
@@ -136,3 +141,62 @@ def test_only_pips_wrapper_or_a_launcher_is_replaced(tmp_path: Path) -> None:
     assert launcher.main([str(wrapper)]) == 0  # a launcher is rewritten (another install)
     assert wrapper.read_text() == text
     assert launcher.main([]) == 2
+
+
+def test_paths_without_os_are_posixpaths(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The client names sockets with protocol's own path functions (no ``os``); the daemon and
+    the CLI's ``watch`` commands name them from ``Path.resolve()``: they must agree, symbolic
+    links (absolute, relative, chained, through ``..``) included."""
+    import posixpath
+    import random
+
+    from stashpoint.watchd import protocol
+
+    rng = random.Random(7)
+    dirs = [tmp_path]
+    for i in range(30):  # a tree of directories and links to them
+        parent = rng.choice(dirs)
+        new = parent / f"d{i}"
+        new.mkdir()
+        dirs.append(new)
+        if i % 3 == 0:
+            link, target = rng.choice(dirs) / f"l{i}", rng.choice(dirs)
+            if rng.random() < 0.5:
+                link.symlink_to(target)
+            else:
+                link.symlink_to(os.path.relpath(target, link.parent))
+            dirs.append(link)
+    (tmp_path / "chain").symlink_to(tmp_path / "l0")
+    dirs.append(tmp_path / "chain")
+    monkeypatch.chdir(dirs[5])
+    names = [
+        "",
+        ".",
+        "..",
+        "x",
+        "/",
+        "//",
+        "///",
+        "a//b/",
+        "./a/../b",
+        "/a/./b/..",
+        "../..",
+        "//a/..",
+    ]
+    for d in dirs:
+        for rel in ("", "/.", "/..", "/../..", "/./."):
+            p = str(d) + rel
+            assert protocol.realpath(p) == posixpath.realpath(p) == str(Path(p).resolve())
+        names.append(str(d))
+        names.append(os.path.relpath(d))
+    for name in names:
+        assert protocol.normpath(name) == posixpath.normpath(name), name
+        assert protocol.abspath(name) == posixpath.abspath(name), name
+        assert protocol.dirname(name) == posixpath.dirname(name), name
+        for other in names[:12]:
+            assert protocol.join(name, other) == posixpath.join(name, other), (name, other)
+    (tmp_path / "loop").symlink_to(tmp_path / "loop")
+    for bad in (tmp_path / "loop", tmp_path / "missing" / "x", tmp_path / "missing" / ".."):
+        with pytest.raises(OSError):
+            protocol.realpath(str(bad))
+    assert dict(protocol.environ()) == dict(os.environ)

@@ -11,12 +11,11 @@ interpreter without :mod:`site` and enters at :func:`launch`: the two paths abov
 standard library, and :func:`site.main` runs before the CLI is imported.
 """
 
-import os
 import sys
 
 
 def _prerendered_help(args: list[str]) -> bool:
-    if args not in (["--help"], ["-h"]) or os.path.basename(sys.argv[0]) != "stashpoint":
+    if args not in (["--help"], ["-h"]) or sys.argv[0].rpartition("/")[2] != "stashpoint":
         return False
     import shutil
 
