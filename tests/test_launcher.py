@@ -200,3 +200,51 @@ def test_paths_without_os_are_posixpaths(tmp_path: Path, monkeypatch: pytest.Mon
         with pytest.raises(OSError):
             protocol.realpath(str(bad))
     assert dict(protocol.environ()) == dict(os.environ)
+
+
+def test_hooks_run_through_the_script_beside_the_interpreter(tmp_path: Path) -> None:
+    """``hooks install`` writes the ``stashpoint`` script beside this interpreter into the
+    agent's settings when that script runs stashpoint with it (no ``runpy``, and with the
+    launcher no ``site``): else ``python -m stashpoint``."""
+    if sys.prefix == sys.base_prefix:
+        pytest.skip("needs a virtual environment to make another one of")
+    env_dir = tmp_path / "env"  # this virtual environment under another name
+    bin_dir = env_dir / "bin"
+    bin_dir.mkdir(parents=True)
+    (env_dir / "pyvenv.cfg").write_text((Path(sys.prefix) / "pyvenv.cfg").read_text())
+    (env_dir / "lib").symlink_to(Path(sys.prefix) / "lib", target_is_directory=True)
+    exe = bin_dir / "python"
+    exe.symlink_to(sys.executable)
+    script = bin_dir / "stashpoint"
+    assert launcher.script_for(str(exe)) is None  # none there
+    script.write_text("#!/bin/sh\necho mine\n")
+    script.chmod(0o755)
+    assert launcher.script_for(str(exe)) is None  # not ours
+    script.write_text(PIP_WRAPPER.format(exe="/elsewhere/python"))
+    assert launcher.script_for(str(exe)) is None  # another interpreter's
+    script.write_text(PIP_WRAPPER.format(exe=exe))
+    assert launcher.script_for(str(exe)) == str(script)
+    launcher.write(str(script), str(exe), PACKAGE_DIR)
+    assert launcher.script_for(str(exe)) == str(script)
+    proj = tmp_path / "proj"
+    proj.mkdir()
+    env = _env(tmp_path)
+    done = _run([str(script), "hooks", "install", "claude-code", "--json"], proj, env)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["command"] == f"{script} hooks run claude-code"
+    settings = json.loads(Path(json.loads(done.stdout)["path"]).read_text())
+    commands = {h["command"] for e in settings["hooks"].values() for m in e for h in m["hooks"]}
+    assert commands and all(c.startswith(f"{script} hooks run claude-code") for c in commands)
+    payload = json.dumps({"session_id": "s1", "cwd": str(proj), "hook_event_name": "Stop"})
+    (proj / "f.txt").write_text("x\n")
+    ran = subprocess.run(
+        next(iter(commands)),
+        shell=True,
+        cwd=proj,
+        env=env,
+        input=payload.encode(),
+        capture_output=True,
+    )
+    assert ran.returncode == 0, ran.stderr
+    log = _run([str(script), "--session", "claude-s1", "log", "--json"], proj, env)
+    assert log.returncode == 0 and json.loads(log.stdout), log.stderr
