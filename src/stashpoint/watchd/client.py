@@ -102,7 +102,10 @@ def find_store(start: str, store: str | None) -> tuple[str, str] | None:
             return None
         if store:
             return store, here
-        home = realpath(_home())
+        try:
+            home = realpath(_home())
+        except OSError:  # no such home (HOME=/nonexistent): no directory can be it
+            home = ""
         dev = os.stat(here).st_dev
         while True:
             candidate = join(here, STORE_DIR)
