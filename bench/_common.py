@@ -137,18 +137,48 @@ def stashpoint_cmd() -> list[str]:
 
 
 def served_cmd(tmp: Path) -> list[str]:
-    """A ``stashpoint`` command as the console script of this tree's ``pyproject.toml``
-    (``stashpoint.__main__:main``, which hands a command to a running watch daemon before
-    importing the CLI): the same wrapper pip writes, so the rows hold what users pay even
-    where the installed script predates the entry point."""
-    script = tmp / "stashpoint-served"
-    script.write_text(
-        "import re\nimport sys\nfrom stashpoint.__main__ import main\n"
-        "if __name__ == '__main__':\n"
-        "    sys.argv[0] = re.sub(r'(-script\\.pyw|\\.exe)?$', '', sys.argv[0])\n"
-        "    sys.exit(main())\n"
-    )
-    return [sys.executable, str(script)]
+    """A ``stashpoint`` command as installing this tree with ``make setup`` writes it, so the
+    rows hold what users pay even where the installed script predates this tree: pip's
+    console script of ``stashpoint.__main__:main`` (which hands a command to a running watch
+    daemon before importing the CLI), then, over it, the site-less launcher of
+    :mod:`stashpoint.watchd.launcher` (``python -S``; ``site`` runs only for a command the
+    daemon does not serve). ``STASHPOINT_BENCH_WRAPPER=pip`` keeps pip's wrapper (what a
+    plain ``pip install`` leaves), or a tree without the launcher does.
+
+    pip's wrapper is made by the script maker of the pip next to this interpreter (the one
+    ``make setup`` installs), so it is byte for byte what ``pip install`` puts on PATH. (The
+    hand-written wrapper this replaced began with ``import re``, as older pips' did: that
+    import alone costs about half an interpreter start, which no user of the current pip
+    pays.) Without pip's internals, pip 26's text is written by hand."""
+    bin_dir = tmp / "served-bin"
+    bin_dir.mkdir(exist_ok=True)
+    script = bin_dir / "stashpoint"
+    try:
+        from pip._internal.operations.install.wheel import PipScriptMaker
+
+        maker = PipScriptMaker(None, str(bin_dir))
+        maker.clobber, maker.variants, maker.set_mode = True, {""}, True
+        maker.executable = sys.executable
+        maker.make("stashpoint = stashpoint.__main__:main")
+    except Exception:  # another pip (or none): its template as of pip 26
+        script.write_text(
+            f"#!{sys.executable}\nimport sys\nfrom stashpoint.__main__ import main\n"
+            "if __name__ == '__main__':\n"
+            "    sys.argv[0] = sys.argv[0].removesuffix('.exe')\n"
+            "    sys.exit(main())\n"
+        )
+        script.chmod(0o755)
+    if os.environ.get("STASHPOINT_BENCH_WRAPPER") != "pip":
+        try:
+            from stashpoint.watchd import launcher
+        except ImportError:
+            pass
+        else:
+            import stashpoint
+
+            package_dir = str(Path(stashpoint.__file__).resolve().parent.parent)
+            launcher.write(str(script), sys.executable, package_dir)
+    return [str(script)]
 
 
 PYCACHE = Path(tempfile.gettempdir()) / "stashpoint-bench-pycache"

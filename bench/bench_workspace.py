@@ -70,6 +70,7 @@ class _Bench:
         self.daemon_env = dict(self.cli_env)
         self.cli_env["STASHPOINT_NO_DAEMON"] = "1"
         self.served = served_cmd(tmp)
+        self.served_kind = _served_kind(self.served)
         # A stashpoint without the watch daemon (an older tree compared against this one)
         # runs every row but the daemon's.
         self.has_daemon = importlib.util.find_spec("stashpoint.watchd") is not None
@@ -172,7 +173,9 @@ class _Bench:
                     self.add(f"inc{k}/cli", timed(lambda: self.cli(store_dir, "snap")))
                 self.gap.mark()
                 peer = GIT_FS if fsync else GIT
-                self.add(f"inc{k}/{peer}", timed(lambda f=fsync: git.commit(fsync=f)))
+                took = timed(lambda f=fsync: git.commit(fsync=f))
+                self.add(f"inc{k}/{peer}", took)
+                self.add(f"inc{k}/{peer}@{iface}", took)  # the git rounds beside this one's
         if self.has_daemon and self.daemon_requests(store_dir) != served + 2 * n:
             raise AssertionError("a daemon row was not served by the daemon")
         store.close()
@@ -278,6 +281,17 @@ def _nothing() -> None:
     pass
 
 
+def _served_kind(cmd: list[str]) -> str:
+    """Which script the daemon rows ran (see ``_common.served_cmd``)."""
+    try:
+        text = Path(cmd[-1]).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError):
+        return "unknown"
+    if "site-less launcher" in text:
+        return "the site-less launcher `make setup` installs (python -S)"
+    return "pip's console-script wrapper"
+
+
 def _count_reads(run: Any) -> list[int]:
     """Instrument one session (bench only): how many files each scan actually read.
 
@@ -328,15 +342,16 @@ def _rows(b: _Bench) -> list[dict[str, Any]]:
             out.append(
                 _ms_row(f"{label} [watch]", s[f"{key}/watch"], s[peer_key], name, WATCH_BARS[key])
             )
+    # The daemon's rounds come last, in a stretch of their own: against the git commits of
+    # those very rounds (the machine's load there is theirs), not of all rounds.
     for key, label, peers in figures:
         if f"{key}/daemon" not in s:
             continue
         for peer_key in peers.values():
             name = peer_key.split("/", 1)[1]
+            beside = s.get(f"{peer_key}@daemon", s[peer_key])
             out.append(
-                _ms_row(
-                    f"{label} [daemon]", s[f"{key}/daemon"], s[peer_key], name, DAEMON_BARS[key]
-                )
+                _ms_row(f"{label} [daemon]", s[f"{key}/daemon"], beside, name, DAEMON_BARS[key])
             )
     for key in sorted(k for k in s if k.startswith("rewind/git")):
         out.append(_ms_row(f"(peer) {key}", s[key], None, "", None))
@@ -406,6 +421,9 @@ def run(cfg: Config) -> dict[str, Any]:
         "with 1 changed; the CLI has no watcher (one process per command)",
         "daemon: `stashpoint watch start`, then each `stashpoint snap`/`rewind` is a process "
         "(interpreter start included) that hands the command to the daemon over its socket; "
+        f"the `stashpoint` script is {b.served_kind}; its incremental rows, which "
+        "run in a stretch of their own after the other interfaces', are compared with the git "
+        "commits of those same rounds (half of them git, half git fsync=all); "
         "the daemon keeps the store open and an inotify watch (checked: every daemon row was "
         "served by it, none fell back)",
         "files read per API snapshot: the K files just edited plus the K edited before the "

@@ -10,8 +10,8 @@ Names are imported on first use (PEP 562), so ``stashpoint --help`` does not pay
 storage stack: `stashpoint --help` must start in under 60 ms.
 """
 
-from __future__ import annotations
-
+# No ``from __future__ import annotations`` here, nor in the thin client's modules: it imports
+# the ``__future__`` module, which a served command would pay for.
 TYPE_CHECKING = False  # not typing's: importing typing costs every command ~5 ms
 if TYPE_CHECKING:
     from typing import Any
@@ -174,7 +174,7 @@ if TYPE_CHECKING:
     from .trial import Trial
 
 
-def __getattr__(name: str) -> Any:
+def __getattr__(name: str) -> "Any":
     module = _EXPORTS.get(name)
     if module is None:
         raise AttributeError(f"module 'stashpoint' has no attribute {name!r}")

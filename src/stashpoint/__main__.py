@@ -5,14 +5,17 @@ library) is imported: :mod:`stashpoint.watchd.client`. Anything else, or no daem
 CLI in this process. ``stashpoint --help`` is printed from its pre-rendered text
 (:mod:`stashpoint._help_text`) when click would print exactly that: the console script's
 name, and a terminal of 80 columns or more (or none).
+
+The site-less launcher ``make setup`` installs (:mod:`stashpoint.watchd.launcher`) starts the
+interpreter without :mod:`site` and enters at :func:`launch`: the two paths above need only the
+standard library, and :func:`site.main` runs before the CLI is imported.
 """
 
-import os
 import sys
 
 
 def _prerendered_help(args: list[str]) -> bool:
-    if args not in (["--help"], ["-h"]) or os.path.basename(sys.argv[0]) != "stashpoint":
+    if args not in (["--help"], ["-h"]) or sys.argv[0].rpartition("/")[2] != "stashpoint":
         return False
     import shutil
 
@@ -33,6 +36,29 @@ def main() -> None:
     code = run_if_served(sys.argv[1:])
     if code is not None:
         sys.exit(code)
+    from stashpoint.cli import main as cli_main
+
+    cli_main()
+
+
+def launch(package_dir: str) -> None:
+    """:func:`main` for an interpreter started without :mod:`site` by the launcher, which
+    appended ``package_dir`` to ``sys.path``: what the daemon does not serve first gets the
+    start-up ``site`` would have done (``package_dir`` taken back out, as ``site`` puts the
+    environment's directories where it was)."""
+    if _prerendered_help(sys.argv[1:]):
+        return
+    from stashpoint.watchd.client import run_if_served
+
+    code = run_if_served(sys.argv[1:])
+    if code is not None:
+        sys.exit(code)
+    if sys.flags.no_site and "site" not in sys.modules:
+        if sys.path and sys.path[-1] == package_dir:
+            sys.path.pop()
+        import site
+
+        site.main()
     from stashpoint.cli import main as cli_main
 
     cli_main()

@@ -80,11 +80,17 @@ def config_path(agent: str, scope: str | None, project: Path) -> tuple[str, Path
 
 
 def hook_command(ctx: Ctx, agent: str, prefix: str | None) -> str:
-    """The command line the agent runs. By default the absolute path of this interpreter, so
-    the hook works whatever PATH the agent's shell has (a virtualenv that is not activated)."""
+    """The command line the agent runs. By default an absolute path, so the hook works
+    whatever PATH the agent's shell has (a virtualenv that is not activated): the
+    ``stashpoint`` script beside this interpreter when it runs stashpoint with it (it
+    starts several milliseconds sooner than ``python -m``, at every tool call), else this
+    interpreter's ``-m stashpoint``."""
     from ..urls import parse_store_url  # here, not at the top: for the CLI's start-up time
+    from ..watchd.launcher import script_for
 
-    parts = [prefix or f"{shlex.quote(sys.executable)} -m stashpoint"]
+    script = script_for(sys.executable)
+    default = shlex.quote(script) if script else f"{shlex.quote(sys.executable)} -m stashpoint"
+    parts = [prefix or default]
     if ctx.store_url:
         url = ctx.store_url
         if not parse_store_url(url).explicit:  # a plain path: absolute, links resolved

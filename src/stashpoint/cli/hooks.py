@@ -104,8 +104,9 @@ def _baseline(ctx: Ctx, agent: str) -> Any:
     "--command",
     "prefix",
     metavar="CMD",
-    help="How the agent starts stashpoint (default: this Python, absolute path, "
-    "'-m stashpoint'); e.g. --command stashpoint for a shared, PATH-based entry.",
+    help="How the agent starts stashpoint (default: the stashpoint script beside this "
+    "Python, by absolute path, else this Python with '-m stashpoint'); e.g. --command "
+    "stashpoint for a shared, PATH-based entry.",
 )
 @click.option("--no-snapshot", is_flag=True, help="Skip the baseline snapshot of the project.")
 @click.option(

@@ -11,13 +11,28 @@ lazily where it can be (the import time of this module is the latency floor of a
 command).
 """
 
-from __future__ import annotations
-
-import os
 import sys
 
 from .. import __version__
-from .protocol import PASS_ENV, decode, encode, env_to_match, recv_body, socket_path
+from .protocol import (
+    PASS_ENV,
+    decode,
+    dirname,
+    encode,
+    env_to_match,
+    environ,
+    isdir,
+    isfile,
+    join,
+    realpath,
+    recv_body,
+    socket_path,
+)
+
+try:
+    import posix as os  # not os itself: loading it costs a site-less start ~1.3 ms
+except ImportError:  # pragma: no cover - not POSIX
+    import os  # type: ignore[no-redef]
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -60,28 +75,49 @@ def _globals(argv: list[str]) -> tuple[dict[str, str | bool], list[str]] | None:
     return None
 
 
+def _home() -> str:
+    """``os.path.expanduser("~")``."""
+    home = environ().get("HOME")
+    if home is None:
+        import pwd
+
+        home = pwd.getpwuid(os.getuid()).pw_dir
+    return home.rstrip("/") or "/"
+
+
+def _exists(path: str) -> bool:
+    try:
+        os.stat(path)
+    except (OSError, ValueError):
+        return False
+    return True
+
+
 def find_store(start: str, store: str | None) -> tuple[str, str] | None:
     """(store url, workspace root) as the CLI locates them from ``start``; None where only
     the CLI can tell (no store yet, a broken link file)."""
     try:
-        here = os.path.realpath(start)
-        if not os.path.isdir(here):
+        here = realpath(start)
+        if not isdir(here):
             return None
         if store:
             return store, here
-        home = os.path.realpath(os.path.expanduser("~"))
+        try:
+            home = realpath(_home())
+        except OSError:  # no such home (HOME=/nonexistent): no directory can be it
+            home = ""
         dev = os.stat(here).st_dev
         while True:
-            candidate = os.path.join(here, STORE_DIR)
-            if os.path.isdir(candidate):
+            candidate = join(here, STORE_DIR)
+            if isdir(candidate):
                 return candidate, here
-            if os.path.isfile(candidate):
+            if isfile(candidate):
                 import json
 
                 with open(candidate, encoding="utf-8") as f:
                     link = json.load(f)
                 return str(link["store"]), here
-            parent = os.path.dirname(here)
+            parent = dirname(here)
             if parent == here or here == home or os.stat(parent).st_dev != dev:
                 return None
             here = parent
@@ -119,7 +155,7 @@ def read_stdin(timeout: float = 3.0) -> str | None:
 
 def _hook_start(agent: str, args: list[str], stdin: str | None) -> str:
     """The directory ``hooks run`` snapshots from (see the hook runner's ``_workspace``)."""
-    candidates = [os.environ.get("CLAUDE_PROJECT_DIR")] if agent == "claude-code" else []
+    candidates = [environ().get("CLAUDE_PROJECT_DIR")] if agent == "claude-code" else []
     raw = args[-1] if args and args[-1].lstrip().startswith("{") else stdin
     if raw and raw.strip():
         import json
@@ -130,7 +166,7 @@ def _hook_start(agent: str, args: list[str], stdin: str | None) -> str:
             candidates.append(cwd if isinstance(cwd, str) else None)
         except ValueError:
             pass
-    return next((c for c in candidates if c and os.path.isdir(c)), os.getcwd())
+    return next((c for c in candidates if c and isdir(c)), os.getcwd())
 
 
 def _put_back_stdin(data: str) -> None:
@@ -156,7 +192,7 @@ def _put_back_stdin(data: str) -> None:
     os.close(r)
 
 
-def _connect(path: str) -> Any:
+def _connect(path: str) -> "Any":
     """A connection to the daemon at ``path``; OSError when none listens there, or when what
     listens is not this user's process (the socket's directory is this user's, but a
     process that can write there must not be able to pose as the daemon)."""
@@ -222,7 +258,8 @@ def served(argv: list[str]) -> tuple[dict[str, str | bool], list[str], bool] | N
 def run_if_served(argv: list[str]) -> int | None:
     """Run ``stashpoint ARGV`` through the workspace's daemon and return its exit code; None
     when it must run in this process instead (then nothing was printed)."""
-    if os.environ.get("STASHPOINT_NO_DAEMON") or os.environ.get("STASHPOINT_MIRROR"):
+    env = environ()
+    if env.get("STASHPOINT_NO_DAEMON") or env.get("STASHPOINT_MIRROR"):
         return None
     parsed = served(argv)
     if parsed is None:
@@ -238,18 +275,18 @@ def run_if_served(argv: list[str]) -> int | None:
         if "-C" not in opts:
             start = _hook_start(agent, words, stdin)
     try:
-        store = opts.get("--store") or os.environ.get("STASHPOINT_STORE")
+        store = opts.get("--store") or env.get("STASHPOINT_STORE")
         found = find_store(start, str(store) if store else None)
         path = socket_path(*found) if found is not None else None
-        if path is None or not os.path.exists(path):
+        if path is None or not _exists(path):
             raise FileNotFoundError(path)
         message: dict[str, object] = {
             "v": 1,
             "op": "run",
             "argv": argv,
             "cwd": os.getcwd(),
-            "env": {k: os.environ[k] for k in PASS_ENV if k in os.environ},
-            "match": env_to_match(os.environ),
+            "env": {k: env[k] for k in PASS_ENV if k in env},
+            "match": env_to_match(env),
             "stdin": stdin,
             "tty": sys.stdout.isatty(),
             "version": __version__,
