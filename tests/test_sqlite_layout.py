@@ -166,6 +166,52 @@ def test_a_message_written_twice_at_one_index_is_a_conflict(tmp_path: Path) -> N
     meta.close()
 
 
+def test_a_remembered_log_number_that_is_another_logs_now_is_refused(tmp_path: Path) -> None:
+    """A writer remembers the number of each log it appends to. Another writer deletes that
+    log and a new log takes its number (SQLite reuses the largest rowid): an append by the
+    first writer must not land in the new log's range. The record's insert checks that the
+    row before the new ones belongs to this log: refused, and nothing of it is left."""
+    from stashpoint.stores.base import CheckpointRow, LogInfo
+
+    def row(ident: str, parent: str | None, session: str = "s") -> CheckpointRow:
+        return CheckpointRow(ident, session, "main", parent, b"{}", "d")
+
+    path = tmp_path / "s.db"
+    meta, other = SqliteStore(path), SqliteStore(path)
+    meta.commit(
+        Commit(
+            row("01A", None),
+            None,
+            LogAppend("L", 0, [(b"c" * 32, b"m0")], LogInfo("s", None, 0, 0)),
+        )
+    )
+    meta.commit(Commit(row("01B", "01A"), "01A", LogAppend("L", 1, [(b"c" * 32, b"m1")])))
+    num = _db_num(path, "L")
+    other.delete_logs(["L"])
+    rows = [(b"c" * 32, b"t%d" % i) for i in range(2)]
+    other.commit(
+        Commit(row("01T", None, "t"), None, LogAppend("M", 0, rows, LogInfo("t", None, 0, 0)))
+    )
+    assert _db_num(path, "M") == num  # the deleted log's number, taken again
+    with pytest.raises(ConflictError):
+        meta.commit(Commit(row("01C", "01B"), "01B", LogAppend("L", 2, [(b"c" * 32, b"m2")])))
+    assert [m.data for m in other.read_messages("M", 0, 9)] == [b"t0", b"t1"]
+    assert meta.get_checkpoint("01C") is None and meta.get_head("s", "main") == "01B"
+    db = sqlite3.connect(path)
+    assert db.execute("SELECT COUNT(*) FROM messages WHERE log = 'L'").fetchone() == (0,)
+    db.close()
+    meta.close()
+    other.close()
+
+
+def _db_num(path: Path, log: str) -> int:
+    db = sqlite3.connect(path)
+    try:
+        return int(db.execute("SELECT num FROM logs WHERE id=?", (log,)).fetchone()[0])
+    finally:
+        db.close()
+
+
 def test_the_migrations_run_in_order_on_a_new_file(tmp_path: Path) -> None:
     assert len(MIGRATIONS) == SCHEMA_VERSION
     meta = SqliteStore(tmp_path / "new.db")

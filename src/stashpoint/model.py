@@ -9,6 +9,7 @@ unchanged subtrees are shared with earlier checkpoints.
 from __future__ import annotations
 
 import datetime as dt
+import time
 from typing import Any, Literal
 
 import msgspec
@@ -151,8 +152,22 @@ class TreeEntry(msgspec.Struct, frozen=True, array_like=True):
     """File: SHA-256 of the content. Directory: SHA-256 of its tree. Link: the target bytes."""
 
 
+_second: tuple[int, str] = (-1, "")
+"""The last whole second formatted (``2026-11-21T23:59:04.``): reused while it lasts."""
+
+
 def utc_now_iso() -> str:
-    """``2026-11-21T23:59:04.123456Z`` (isoformat is ~4x cheaper than strftime per step)."""
-    return (
-        dt.datetime.now(dt.timezone.utc).replace(tzinfo=None).isoformat("T", "microseconds") + "Z"
-    )
+    """``2026-11-21T23:59:04.123456Z``: the clock's microseconds after the cached date and
+    time of its second. Why not ``datetime.now(timezone.utc)...isoformat()``: ~20k CPU
+    instructions once per checkpoint, this ~2k (the second is formatted once a second)."""
+    global _second
+    sec, us = divmod(time.time_ns() // 1000, 1_000_000)  # floored, as datetime.now() is
+    last, prefix = _second
+    if sec != last:
+        t = time.gmtime(sec)
+        prefix = (
+            f"{t.tm_year:04d}-{t.tm_mon:02d}-{t.tm_mday:02d}T"
+            f"{t.tm_hour:02d}:{t.tm_min:02d}:{t.tm_sec:02d}."
+        )
+        _second = (sec, prefix)
+    return f"{prefix}{us:06d}Z"

@@ -565,7 +565,7 @@ class Scanner:
         if not text.isascii():
             return max(map(len, text.split()), default=0)
         tb = text.encode("ascii").translate(_NON_BLANK)
-        if _SHORT_PROBE not in tb:
+        if _SHORT_PROBE_END not in tb + b" ":
             return _SHORT_RUN - 1
         probes = self._probes
         lo, hi = 0, len(probes)  # probes[:lo] occur (lo == 0: none checked yet), probes[hi:] not
@@ -627,6 +627,9 @@ _SHORT_RUN = 16
 _NON_BLANK = bytes((32 if chr(b).isspace() else 120) if b < 128 else 120 for b in range(256))
 """ASCII whitespace (what ``str.split`` splits on) to a space, anything else to ``x``."""
 _SHORT_PROBE = b"x" * _SHORT_RUN
+_SHORT_PROBE_END = _SHORT_PROBE + b" "
+"""A run that long, then the blank that ends it (the text is searched with a blank after
+it): found where ``_SHORT_PROBE`` is, but searched faster, its last byte being the rarer."""
 
 
 _COMMON = " etaoinsrhldcumfpgwybvkxjqz0123456789\n:,.()'\"=-_/"

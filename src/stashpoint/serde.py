@@ -62,7 +62,15 @@ def register_type(cls: type, name: str | None = None) -> type:
 
 def encode(value: Any) -> bytes:
     """Encode a state value to bytes (UTF-8 JSON)."""
-    tree = to_tree(value)
+    if (  # a chat message (string keys, string/flag/None values): to_tree keeps it as it is
+        type(value) is dict
+        and TAG not in value
+        and _STR.issuperset(map(type, value))
+        and _AS_THEY_ARE.issuperset(map(type, value.values()))
+    ):
+        tree = value
+    else:
+        tree = to_tree(value)
     try:
         data = _json_encoder.encode(tree)
     except UnicodeEncodeError:

@@ -118,7 +118,7 @@ class LogInfo(NamedTuple):
     """Total conversation length at the log's tip (parent prefix included)."""
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, init=False)
 class LogAppend:
     log: str
     start: int
@@ -132,6 +132,20 @@ class LogAppend:
     session: str | None = None
     """For an append without a fence: refused with :class:`LeaseHeld` while another worker
     holds a live lease on this session (a durable run's journal names its session)."""
+
+    def __init__(
+        self,
+        log: str,
+        start: int,
+        messages: Sequence[tuple[bytes, bytes]],
+        new: LogInfo | None = None,
+        fence: Fence | None = None,
+        session: str | None = None,
+    ) -> None:
+        # Straight into __dict__, as Commit does: one per checkpoint that adds messages.
+        self.__dict__.update(
+            log=log, start=start, messages=messages, new=new, fence=fence, session=session
+        )
 
 
 @dataclass(frozen=True, init=False)

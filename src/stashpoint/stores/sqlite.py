@@ -83,19 +83,20 @@ _READ_MESSAGES = (
 )
 _LOG_TIP = (
     "SELECT COALESCE((SELECT MAX(pos) - (l.num << 32) + 1 FROM messages "
-    "WHERE pos >= l.num << 32 AND pos < (l.num + 1) << 32), l.parent_len) FROM logs l "
+    "WHERE pos >= l.num << 32 AND pos < (l.num + 1) << 32), l.parent_len), l.num FROM logs l "
     "WHERE l.id=?"
 )
 _NEW_LOG = "INSERT INTO logs(id, session, parent, parent_len) VALUES (?, ?, ?, ?)"
+_LOG_NUM = "SELECT num, parent_len FROM logs WHERE id=?"
 _INSERT_MESSAGES = [
-    "INSERT INTO messages(pos, log, idx, chain, data, num) SELECT (l.num << 32) + v.column1, "
-    "l.id, v.column1, v.column2, v.column3, l.num FROM logs l, (VALUES "
-    + ", ".join(["(?, ?, ?)"] * n)
-    + ") v WHERE l.id = ?"
+    "INSERT INTO messages(pos, log, idx, chain, data, num) VALUES "
+    + ", ".join(["(?, ?, ?, ?, ?, ?)"] * n)
     for n in range(1, 9)
 ]
 """One statement for up to 8 messages (a checkpoint of a conversation adds a few): the rows
-of one log, keyed by its number."""
+of one log, keyed by its number (which the writer knows: see ``SqliteStore._log_num``). No
+read of ``logs`` in it: joining the rows to their log made SQLite run a subquery per
+statement, ~25k CPU instructions of a ~65k statement."""
 
 MIGRATIONS: list[str] = [  # index = version - 1
     TABLES.format(t="", blob="BLOB"),
@@ -129,6 +130,23 @@ first message exists (or that is the log's first own row): with the message key,
 refuses a row written twice, the tip's compare-and-set without reading the tip. (In the
 messages INSERT itself, a read of ``messages`` would make SQLite stage the rows in a
 temporary table first: ~30k CPU instructions.)"""
+_INSERT_CHECKPOINT_AFTER_ROW = (
+    "INSERT INTO checkpoints(id, session, branch, parent, body, digest) "
+    "SELECT ?, ?, ?, ?, ?, ? WHERE EXISTS (SELECT 1 FROM messages WHERE pos = ? AND log = ?)"
+)
+"""The same check where the row before is one of the log's own (the usual append), by its
+key: it exists and belongs to this log. That also proves the log's number the rows were
+keyed by (a number remembered from an earlier transaction) is this log's."""
+_LOG_NUMS_MAX = 1024
+"""Log numbers remembered per store object (each log's number never changes)."""
+
+
+def _blob(data: bytes) -> bytearray:
+    """A BLOB parameter as Python's sqlite3 binds it without its adapter protocol: for a
+    ``bytes`` value it looks up an adapter and a ``__conform__`` method first (an
+    AttributeError built and dropped, ~1-3k CPU instructions a value); a ``bytearray`` is
+    bound as it is. Stored the same: a BLOB of the same bytes."""
+    return bytearray(data)
 
 
 class SqliteStore(SqlStore):
@@ -155,6 +173,10 @@ class SqliteStore(SqlStore):
         self._writers = _WriterQueue(f"{self.path}-writers")
         self._wal_target = 0
         self._commits = 0
+        self._log_nums: dict[str, tuple[int, int]] = {}
+        """Log id -> (number, parent_len) of logs this object appended to (see _log_num)."""
+        self._new_log: tuple[str, int, int] | None = None
+        """A log created by the commit running now: remembered once that commit is in."""
         try:
             if not self.path.exists():
                 mkdir_private(self.path.parent)  # a store's directories: 0700, like its files
@@ -387,30 +409,77 @@ class SqliteStore(SqlStore):
                 "another writer checkpointed first"
             )
         a = c.append
-        if a is not None:
-            self._insert_messages(cur, a, a.new is not None)
+        if a is None:
+            if c.blobs:
+                self._insert_blobs(cur, c.blobs)
+            cur.execute(_INSERT_CHECKPOINT, (*row[:4], _blob(row.body), row.digest))
+            return
+        try:
+            self._append_with_record(cur, c, a)
+        except BaseException:
+            self._log_nums.pop(a.log, None)  # learnt again by the retry, if any
+            raise
+
+    def _append_with_record(self, cur: Any, c: Commit, a: LogAppend) -> None:
+        """The messages, the blobs, then the record, inserted only where the log ends at
+        ``a.start`` (see ``_INSERT_CHECKPOINT_AFTER``)."""
+        row = c.row
+        num, parent_len, known = self._log_num(cur, a)
+        self._insert_messages(cur, a, num)
         if c.blobs:
             self._insert_blobs(cur, c.blobs)
-        if a is None:
-            cur.execute(_INSERT_CHECKPOINT, row)
-        elif cur.execute(_INSERT_CHECKPOINT_AFTER, (*row, a.log, a.start, a.start)).rowcount != 1:
+        record = (*row[:4], _blob(row.body), row.digest)
+        if a.start > parent_len:  # the row before is the log's own: checked by its key
+            before = (num << 32) + a.start - 1
+            ok = cur.execute(_INSERT_CHECKPOINT_AFTER_ROW, (*record, before, a.log)).rowcount == 1
+        elif a.new is not None and a.start == parent_len:  # the log's first rows, made here
+            ok = cur.execute(_INSERT_CHECKPOINT, record).rowcount == 1
+        else:
+            if known:  # the number was remembered: read it again, this check does not prove it
+                num2 = self._log_num(cur, a, fresh=True)[0]
+                if num2 != num:
+                    raise ConflictError(f"log {a.log} was renumbered")
+            tip = (*record, a.log, a.start, a.start)
+            ok = cur.execute(_INSERT_CHECKPOINT_AFTER, tip).rowcount == 1
+        if not ok:
             raise ConflictError(f"log {a.log} does not end where this checkpoint appends")
 
-    def _insert_messages(self, cur: Any, a: LogAppend, new: bool) -> None:
-        """Create the log (``new``), then its rows (the caller checks the tip)."""
-        if new and a.new is not None:
-            cur.execute(_NEW_LOG, (a.log, a.new.session, a.new.parent, a.new.parent_len))
+    def _log_num(self, cur: Any, a: LogAppend, fresh: bool = False) -> tuple[int, int, bool]:
+        """(number, parent_len, remembered) of the log ``a`` appends to, creating it first
+        when ``a`` says so. A log's number (its row's rowid) is what its messages are keyed
+        by; it is remembered between checkpoints: the record's insert checks that the row
+        before the new ones is this log's, which it could not be under another number."""
+        if a.new is not None:
+            res = cur.execute(_NEW_LOG, (a.log, a.new.session, a.new.parent, a.new.parent_len))
+            num = int(res.lastrowid)
+            self._new_log = (a.log, num, a.new.parent_len)
+            return num, a.new.parent_len, False
+        if not fresh:
+            got = self._log_nums.get(a.log)
+            if got is not None:
+                return got[0], got[1], True
+        found = cur.execute(_LOG_NUM, (a.log,)).fetchone()
+        if found is None:
+            raise ConflictError(f"log {a.log} does not exist")
+        entry = (int(found[0]), int(found[1]))
+        if len(self._log_nums) >= _LOG_NUMS_MAX:
+            self._log_nums.clear()
+        self._log_nums[a.log] = entry
+        return entry[0], entry[1], False
+
+    def _insert_messages(self, cur: Any, a: LogAppend, num: int) -> None:
+        """The rows of ``a`` in log number ``num`` (the caller checks the tip)."""
         rows = a.messages
+        base = num << 32
+        log = a.log
         for at in range(0, len(rows), len(_INSERT_MESSAGES)):
             batch = rows[at : at + len(_INSERT_MESSAGES)]
             args: list[Any] = []
             idx = a.start + at
             for ch, data in batch:
-                args += (idx, ch, data)
+                args += (base + idx, log, idx, _blob(ch), _blob(data), num)
                 idx += 1
-            args.append(a.log)
-            if cur.execute(_INSERT_MESSAGES[len(batch) - 1], args).rowcount != len(batch):
-                raise ConflictError(f"log {a.log} does not exist")
+            cur.execute(_INSERT_MESSAGES[len(batch) - 1], args)
 
     def _append(self, cur: Any, a: LogAppend) -> None:
         """Create the log if new, check its tip (compare-and-set), insert the entries."""
@@ -421,7 +490,7 @@ class SqliteStore(SqlStore):
         got = cur.execute(_LOG_TIP, (a.log,)).fetchone()
         if got is None or got[0] != a.start:
             raise ConflictError(f"log {a.log} grew under us; another writer appended first")
-        self._insert_messages(cur, a, False)
+        self._insert_messages(cur, a, int(got[1]))
 
     # A format-1 store (schema 3, read-only until upgraded) keeps its messages keyed by
     # (log, idx): it is read with the layout-neutral queries of SqlStore.
@@ -455,6 +524,8 @@ class SqliteStore(SqlStore):
                 cur.execute("DELETE FROM logs WHERE id=?", (log,))
 
         if logs:
+            for log in logs:
+                self._log_nums.pop(log, None)
             self._tx(do)
 
     def commit(self, commit: Commit) -> None:
@@ -464,10 +535,17 @@ class SqliteStore(SqlStore):
         with self._lock:
             self._commits += 1
             self._deferred_sync = "NORMAL" if deferred else None
+            self._new_log = None
             try:
                 super().commit(commit)
+                if self._new_log is not None:  # committed: its number is now for good
+                    log, num, parent_len = self._new_log
+                    if len(self._log_nums) >= _LOG_NUMS_MAX:
+                        self._log_nums.clear()
+                    self._log_nums[log] = (num, parent_len)
             finally:
                 self._deferred_sync = None
+                self._new_log = None
 
     def flush(self) -> None:
         """fsync the write-ahead log: every transaction committed so far, deferred or not, is
