@@ -127,7 +127,16 @@ def test_snap_killed_at_random_instants_on_a_file_store(sp, tmp_path: Path) -> N
     checkpoint, and has no redo record or temp file left once a command has run."""
     import random
 
-    from .test_crash import SEED, Project, check_store, cli_env, cli_json, measure, run_killed
+    from .test_crash import (
+        NARROW,
+        SEED,
+        Project,
+        check_store,
+        cli_env,
+        cli_json,
+        measure,
+        run_killed,
+    )
 
     rng = random.Random(SEED + 24)
     ws = tmp_path / "ws"
@@ -153,6 +162,7 @@ def test_snap_killed_at_random_instants_on_a_file_store(sp, tmp_path: Path) -> N
         code, out = run_killed(["snap", "--json"], ws, env, rng.uniform(0, duration))
         if code == 0:
             acked.append(json.loads(out)["id"])
+            duration *= NARROW
         else:
             killed += 1
         check_store(sp, env, ws, acked, loaded)

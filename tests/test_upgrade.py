@@ -30,7 +30,7 @@ from stashpoint.testing.conformance import MetadataStoreConformance
 from stashpoint.testing.engine import EngineConformance
 
 from .conftest import Result
-from .test_crash import cli_env, measure, run_killed
+from .test_crash import NARROW, cli_env, measure, run_killed
 from .test_postgres import pg_url  # noqa: F401 - fixture
 from .test_redis import redis_url  # noqa: F401 - fixture
 
@@ -308,11 +308,7 @@ def _kill_upgrades(
         fresh()
         code, _ = run_killed(["--store", url(), "upgrade"], tmp_path, env, rng.uniform(0, duration))
         killed += code != 0
-        if code == 0:
-            # It finished before the kill: the window measured up front was longer than an
-            # upgrade takes now (the machine was busier then). Narrow it, so that the kills
-            # keep landing inside upgrades however the load changes.
-            duration *= 0.8
+        duration *= NARROW if code == 0 else 1  # finished first: see measure()
         report = json.loads(sp("--store", url(), "verify", "--json", cwd=tmp_path).out)
         assert report["ok"], (i, report)
         outcomes[report["format"]] += 1
