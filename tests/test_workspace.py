@@ -442,3 +442,83 @@ def test_a_mode_restored_on_a_hard_linked_file_leaves_the_other_link_alone(
     assert (ws / "f.txt").stat().st_mode & 0o777 == 0o644
     assert (ws / "f.txt").read_text() == "shared\n"
     assert outside.stat().st_mode & 0o777 == 0o600  # not the restore's to change
+
+
+def _mixed_tree(ws: Path) -> None:
+    """Files at every depth, an ignore file below the root, an empty directory, a symlink,
+    equal contents, empty files, an executable, and a file larger than a reader takes."""
+    import random
+
+    rng = random.Random(3)
+    for a in range(3):
+        for b in range(4):
+            d = ws / f"a{a}" / f"b{b}"
+            d.mkdir(parents=True)
+            for f in range(rng.randint(0, 12)):
+                (d / f"f{f}.txt").write_bytes(rng.randbytes(rng.randint(0, 3000)) * 2)
+            (d / "same.txt").write_text("the same in every directory\n")
+        (ws / f"a{a}" / "top.txt").write_text(f"top {a}\n" * 50)
+    (ws / "a1" / ".gitignore").write_text("*.log\n")
+    (ws / "a1" / "b2" / "x.log").write_text("ignored")
+    (ws / "empty").mkdir()
+    (ws / "zero").write_bytes(b"")
+    (ws / "run.sh").write_text("#!/bin/sh\n")
+    (ws / "run.sh").chmod(0o755)
+    (ws / "link").symlink_to("a0/top.txt")
+    (ws / "a2" / "b3" / "big.bin").write_bytes(rng.randbytes(1_300_000))
+
+
+def _edit_tree(ws: Path) -> None:
+    (ws / "a0" / "b1" / "same.txt").write_text("changed\n")
+    (ws / "a2" / "top.txt").unlink()
+    (ws / "a1" / "b0" / "new.txt").write_text("new\n")
+    (ws / "a2" / "b3" / "big.bin").write_bytes(b"y" * 1_200_000)
+
+
+def _two_snapshots(tmp_path: Path, name: str) -> list[tuple[str, int, int, dict[bytes, bytes]]]:
+    ws = tmp_path / f"ws-{name}"
+    ws.mkdir()
+    _mixed_tree(ws)
+    out = []
+    with stashpoint.open(tmp_path / f"store-{name}") as store:
+        run = store.session("s", workspace=ws)
+        for step in range(2):
+            if step:
+                _edit_tree(ws)
+            cp = run.checkpoint()
+            assert cp.workspace is not None and run.workspace is not None
+            cache = run.workspace._mem_cache or run.workspace._cache()
+            digests = {rel: entry[5] for rel, entry in cache.files.items()}
+            out.append((cp.workspace.tree, cp.workspace.files, cp.workspace.bytes, digests))
+        from stashpoint.verify import verify_store
+
+        assert verify_store(store).ok
+    return out
+
+
+def test_a_scan_on_reader_threads_records_what_an_inline_scan_records(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Files read, hashed and compressed on reader threads, directories finished once their
+    reads are stored (interleaved with the walk, a few files in flight at a time): the same
+    trees, counts and stat cache digests as a scan that reads every file inline."""
+    from stashpoint.workspace import scan
+
+    monkeypatch.setattr(scan, "_POOL_AFTER", 10**9)
+    inline = _two_snapshots(tmp_path, "inline")
+    batches = []
+    read_batch = scan._read_batch
+
+    def counted(*args: Any) -> Any:
+        batches.append(len(args[0]))
+        return read_batch(*args)
+
+    monkeypatch.setattr(scan, "_POOL_AFTER", 0)
+    monkeypatch.setattr(scan, "_BATCH_FILES", 3)
+    monkeypatch.setattr(scan, "_read_batch", counted)
+    # Everything in flight until the walk ends, then stores interleaved with the walk.
+    for in_flight in (1 << 40, 8_000):
+        monkeypatch.setattr(scan, "_IN_FLIGHT_BYTES", in_flight)
+        batches.clear()
+        assert _two_snapshots(tmp_path, f"threaded-{in_flight}") == inline
+        assert sum(batches) > 50

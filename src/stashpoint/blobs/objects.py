@@ -343,6 +343,7 @@ class BlobWriter:
         self._batch: list[tuple[bytes, bytes]] = []  # not yet handed to the worker
         self._batch_bytes = 0
         self._jobs: list[Future[list[BlobRow]]] = []
+        self._encoded: list[BlobRow] = []  # encoded by the caller's threads (see add_encoded)
         self._pending_bytes = 0
         self._seen: set[bytes] = set()
         self._chunk_lists: list[BlobRow] = []
@@ -367,6 +368,23 @@ class BlobWriter:
         if self._pending_bytes >= _FLUSH_BYTES:
             self._stream()
         return digest
+
+    def encode(self, digest: bytes, data: bytes) -> BlobRow:
+        """Compress (and seal) one small blob; safe on any thread. A scan's reader threads
+        encode what they read, while the bytes are in their cache, and hand the rows to
+        :meth:`add_encoded` (zstd releases the GIL: the walk goes on meanwhile)."""
+        return self.blobs.encode(digest, data)
+
+    def add_encoded(self, row: BlobRow) -> None:
+        """Queue a small blob :meth:`encode` made; like :meth:`add`, on the writer's thread."""
+        digest = row.digest
+        if digest in self._seen:
+            return
+        self._seen.add(digest)
+        self._encoded.append(row)
+        self._pending_bytes += row.size
+        if self._pending_bytes >= _FLUSH_BYTES:
+            self._stream()
 
     def add_file(self, fd: int, size_hint: int, known: bytes | None = None) -> tuple[bytes, int]:
         """Store an open file's content; returns (digest, size). Chunked when large.
@@ -491,8 +509,9 @@ class BlobWriter:
         Batches already handed to the compression thread come back encoded; the last,
         partial batch is compressed only after the query, and only what is new."""
         encoded = [r for job in self._jobs for r in job.result()]
+        encoded += self._encoded
         raw, lists = self._batch, self._chunk_lists
-        self._jobs, self._batch, self._chunk_lists = [], [], []
+        self._jobs, self._batch, self._chunk_lists, self._encoded = [], [], [], []
         self._batch_bytes = self._pending_bytes = 0
         count = len(encoded) + len(raw) + len(lists)
         if not count:
