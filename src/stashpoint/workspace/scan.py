@@ -14,10 +14,7 @@ import hashlib
 import operator
 import os
 import stat
-import threading
-from collections import deque
 from collections.abc import Callable
-from typing import TYPE_CHECKING
 
 import msgspec
 
@@ -25,14 +22,10 @@ from .._fsutil import TMP_MARK
 from ..blobs.objects import BlobWriter
 from ..errors import StashpointError
 from ..model import TreeEntry
-from ..stores.base import BlobRow
 from .ignore import ALWAYS_EXCLUDED, IGNORE_FILES, IgnoreContext
 from .statcache import FileCacheEntry, StatCache, TreeCacheEntry, is_racy, racy_after
 from .tree import TreeReader
 from .watch import Watcher
-
-if TYPE_CHECKING:
-    from concurrent.futures import Future, ThreadPoolExecutor
 
 __all__ = ["ScanResult", "Scanner", "encode_tree"]
 
@@ -47,45 +40,6 @@ _S_IFMT, _S_IFREG, _S_IFDIR = stat.S_IFMT(0o177777), stat.S_IFREG, stat.S_IFDIR
 
 _by_name = operator.attrgetter("name")
 _MAX_RETRIES = 5
-
-# Reading files on threads. Opening, reading, fstat, SHA-256 and zstd release the GIL, so a
-# scan that reads many files hands them to a few threads in batches, which read, hash and
-# compress them (encoded rows come back, not the content), and goes on walking: listing and
-# stat-ing the next directories meanwhile. A directory whose files are still being read is
-# finished later (:class:`_Dir`), once its files and subdirectories are, so a leaf directory
-# never makes the walk wait for its reads. What was read is stored, counted and put in the stat
-# cache on the scanning thread, in the order it was listed (the writer, the stat cache and
-# the progress callback are used by that thread only). A scan that reads a handful of files
-# (an incremental snapshot) reads them inline: no thread hand-off.
-_POOL_MAX_FILE = 1 << 20  # larger files are chunked by the writer, inline
-_IN_FLIGHT_BYTES = 32 << 20
-"""Bytes handed to the readers and not yet stored: past this, the walk stores what was read
-before it goes on (memory stays bounded; the readers have work queued long before)."""
-_POOL_AFTER = 32
-"""Files read inline by a scan before it reads the rest on threads: a snapshot of a few
-files (a hook's CLI run) never starts a thread or imports the pool."""
-_WORKERS = max(2, min(4, os.cpu_count() or 1))
-_executor: ThreadPoolExecutor | None = None
-_executor_lock = threading.Lock()
-
-
-def _pool() -> ThreadPoolExecutor:
-    global _executor
-    with _executor_lock:
-        if _executor is None:
-            from concurrent.futures import ThreadPoolExecutor  # ~5 ms: only when work comes
-
-            _executor = ThreadPoolExecutor(_WORKERS, thread_name_prefix="stashpoint-read")
-        return _executor
-
-
-def _after_fork() -> None:  # the pool's threads do not exist in a child process
-    global _executor, _executor_lock
-    _executor, _executor_lock = None, threading.Lock()
-
-
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_after_fork)
 
 
 def _open_for_read(path: bytes) -> int:
@@ -106,123 +60,11 @@ def _unchanged(before: os.stat_result, size: int, after: os.stat_result) -> bool
     ) and size == after.st_size
 
 
-def _read_small(
-    path: bytes, rel: bytes, st: os.stat_result
-) -> tuple[bytes, bytes, os.stat_result] | None:
-    """On a reader thread: (digest, content, stat after the read) of a small file, or None
-    if it grew past what a thread reads (the scanning thread then reads it as a large one)."""
-    before = st
-    for _ in range(_MAX_RETRIES):
-        fd = _open_for_read(path)
-        try:
-            parts, n = [], before.st_size
-            while n > 0:
-                part = os.read(fd, n)
-                if not part:
-                    break
-                parts.append(part)
-                n -= len(part)
-            data = b"".join(parts)
-            after = os.fstat(fd)
-        finally:
-            os.close(fd)
-        if _unchanged(before, len(data), after):
-            return hashlib.sha256(data).digest(), data, after
-        if after.st_size > _POOL_MAX_FILE:
-            return None
-        before = after
-    raise _kept_changing(rel)
-
-
-_Read = tuple[bytes, int, os.stat_result, "BlobRow | None"]
-"""What a reader made of one file: (digest, size, stat after the read, its encoded row, or
-None when the digest is the one the stat cache had: stored already)."""
-
-
-def _read_batch(
-    items: list[tuple[bytes, bytes, os.stat_result, bytes | None]],
-    encode: Callable[[bytes, bytes], BlobRow],
-) -> list[_Read | None]:
-    """:func:`_read_small` and encoding for several files: one hand-off per batch, not per
-    file, and the compression of each on the thread that read it (its bytes are in cache)."""
-    out: list[_Read | None] = []
-    for path, rel, st, had in items:
-        got = _read_small(path, rel, st)
-        if got is None:
-            out.append(None)
-            continue
-        digest, data, after = got
-        out.append((digest, len(data), after, None if digest == had else encode(digest, data)))
-    return out
-
-
 def _kept_changing(rel: bytes) -> StashpointError:
     return StashpointError(
         f"snapshot failed: {os.fsdecode(rel)} kept changing while it was read; "
         "stop the writer or ignore the file in .stashpointignore"
     )
-
-
-_Done = tuple[bytes, int, int, bool]
-"""A scanned directory: (tree digest, files, bytes, changed since the cached scan)."""
-
-
-class _Dir:
-    """A directory walked whose tree waits for reads: its own files' or a subdirectory's.
-
-    ``left`` counts what it waits for (files being read, unfinished subdirectories, and the
-    walk itself until it is done); at zero it is finished and handed to its parent."""
-
-    __slots__ = (
-        "cached",
-        "dkey",
-        "done",
-        "dst",
-        "found",
-        "left",
-        "names",
-        "nbytes",
-        "nfiles",
-        "parent",
-        "rel",
-        "slot",
-    )
-
-    def __init__(
-        self,
-        rel: bytes,
-        dst: os.stat_result,
-        dkey: tuple[int, int, int, bytes],
-        cached: TreeCacheEntry | None,
-        names: list[bytes],
-        found: list[TreeEntry | FileCacheEntry],
-    ) -> None:
-        self.rel, self.dst, self.dkey, self.cached = rel, dst, dkey, cached
-        self.names, self.found = names, found
-        self.nfiles = self.nbytes = 0
-        self.left = 1  # the walk
-        self.parent: _Dir | None = None
-        self.slot = 0
-        self.done: _Done | None = None
-
-
-class _Batch:
-    """Files handed to one reader job; ``job`` is set when it is submitted."""
-
-    __slots__ = ("bytes", "items", "job")
-
-    def __init__(self) -> None:
-        self.items: list[tuple[bytes, bytes, os.stat_result, bytes | None]] = []
-        self.bytes = 0
-        self.job: Future[list[_Read | None]] | None = None
-
-
-_Pending = tuple[_Dir, int, bytes, bytes, bytes, os.stat_result, "bytes | None", _Batch, int]
-"""(its directory, index in the directory's listing, name, path, relpath, stat, cached
-digest, the batch that reads it, its place in the batch)."""
-_BATCH_FILES = 16
-_BATCH_BYTES = 1 << 20
-_SLOT = TreeEntry(b"", "f", 0, 0, b"")
 
 
 Progress = Callable[[int, int], None]
@@ -302,12 +144,6 @@ class Scanner:
         self._racy = racy_after()
         self._racy_after = self._racy[0]  # the hot loop's test; whole seconds: see is_racy
         self._result = ScanResult(b"")
-        self._queue: deque[_Pending] = deque()
-        """Files handed to the readers, first submitted first, not yet stored."""
-        self._batch = _Batch()
-        """The files of the reader job being filled (not submitted yet)."""
-        self._in_flight = 0
-        """Bytes (by lstat size) in ``_queue``."""
 
     @property
     def cache_changed(self) -> bool:
@@ -322,31 +158,20 @@ class Scanner:
     def run(self) -> ScanResult:
         try:
             root_st = os.stat(self.root)
-            got = self._scan_dir(self.root, b"", IgnoreContext.root(), root_st)
-            digest, nfiles, nbytes, _c = self._wait(got)
+            digest, nfiles, nbytes, _c = self._scan_dir(
+                self.root, b"", IgnoreContext.root(), root_st
+            )
         except OSError as exc:
             raise StashpointError(
                 f"snapshot failed at {os.fsdecode(exc.filename or self.root)}: {exc.strerror}"
             ) from exc
-        finally:
-            self._abandon()
         self._result.tree, self._result.files, self._result.bytes = digest, nfiles, nbytes
         return self._result
 
-    def _abandon(self) -> None:
-        """After a failure: reads not started yet are not started (no-op after success)."""
-        for item in self._queue:
-            job = item[7].job
-            if job is not None:
-                job.cancel()
-        self._queue.clear()
-        self._batch = _Batch()
-
     def _scan_dir(
         self, path: bytes, rel: bytes, ctx: IgnoreContext, dst: os.stat_result
-    ) -> _Done | _Dir:
-        """The directory's (tree digest, files, bytes, changed since the cached scan), or,
-        while files in it or below are being read, the :class:`_Dir` that finishes later."""
+    ) -> tuple[bytes, int, int, bool]:
+        """(tree digest, files, bytes, changed since the cached scan)."""
         w = self.watcher
         known: dict[bytes, TreeEntry] | None = None
         dirty: frozenset[bytes] | set[bytes] | None = None
@@ -382,6 +207,7 @@ class Scanner:
         dkey = (dst.st_mtime_ns, dst.st_ctime_ns, dst.st_ino, ctx.signature)
         cached = old.trees.get(rel)
         reusable = cached is not None and cached[:4] == dkey
+        reads_before = self._result.read_files
         # Per included name, in listing order: a stat-cache hit (an unchanged file: its
         # TreeEntry is only built if this tree has to be re-encoded) or a TreeEntry.
         names: list[bytes] = []
@@ -394,10 +220,6 @@ class Scanner:
         check_ignores = not ctx.empty
         exclude = self.exclude
         links: list[bytes] | None = [] if w is not None else None
-        this = _Dir(rel, dst, dkey, cached, names, found)
-        result = self._result
-        queue = self._queue
-        subdirs: list[tuple[bytes, bytes, os.stat_result]] = []
         if known is not None and dirty is not None:
             # Watch mode: a name without an event since the last snapshot, still listed with
             # the same type, is the file (or link) the stored tree has: no stat needed.
@@ -450,33 +272,23 @@ class Scanner:
                     found.append(hit)
                     nbytes += hit[0]
                 else:
-                    reusable = False  # a file read: its content may differ from the tree's
                     had = hit[5] if hit is not None and hit[0] == st.st_size else None
+                    digest, size = self._read_file(e.path, crel, st, had)
                     names.append(name)
-                    if st.st_size <= _POOL_MAX_FILE and result.read_files >= _POOL_AFTER:
-                        batch = self._batch
-                        place = len(batch.items)
-                        batch.items.append((e.path, crel, st, had))
-                        queue.append((this, len(found), name, e.path, crel, st, had, batch, place))
-                        found.append(_SLOT)  # filled in by _store_next
-                        this.left += 1
-                        batch.bytes += st.st_size
-                        self._in_flight += st.st_size
-                        if place + 1 >= _BATCH_FILES or batch.bytes >= _BATCH_BYTES:
-                            self._submit()
-                        while self._in_flight >= _IN_FLIGHT_BYTES:  # memory stays bounded
-                            self._store_next()
-                    else:
-                        digest, size = self._read_file(e.path, crel, st, had)
-                        found.append(TreeEntry(name, "f", mode & 0o7777, size, digest))
-                        nbytes += size
+                    found.append(TreeEntry(name, "f", mode & 0o7777, size, digest))
+                    nbytes += size
                 nfiles += 1
             elif mode & _S_IFMT == _S_IFDIR:
                 if e.path in exclude:
                     continue
                 if check_ignores and not (trusted and crel in old.dirs) and ctx.ignored(crel, True):
                     continue
-                subdirs.append((e.path, crel, st))  # after the files went to the readers
+                sub, n, b, changed = self._scan_dir(e.path, crel, ctx, st)
+                reusable = reusable and not changed
+                names.append(name)
+                found.append(TreeEntry(name, "d", mode & 0o7777, 0, sub))
+                nfiles += n
+                nbytes += b
             elif check_ignores and ctx.ignored(crel, False):
                 continue
             elif stat.S_ISLNK(mode):
@@ -486,41 +298,15 @@ class Scanner:
                 nfiles += 1
                 reusable = False  # links are not in the stat cache: always re-encode
             else:
-                result.skipped.append(os.fsdecode(crel))
+                self._result.skipped.append(os.fsdecode(crel))
         if w is not None and links is not None:
             w.set_links(rel, links)
-        for path_, crel, st in subdirs:  # while the readers read this directory's files
-            got = self._scan_dir(path_, crel, ctx, st)
-            name = crel.rpartition(b"/")[2]
-            names.append(name)
-            if isinstance(got, _Dir):  # finished later: its entry is filled in then
-                got.parent, got.slot = this, len(found)
-                found.append(_SLOT)
-                this.left += 1
-                reusable = False
-                continue
-            sub, n, b, changed = got
-            reusable = reusable and not changed
-            found.append(TreeEntry(name, "d", st.st_mode & 0o7777, 0, sub))
-            nfiles += n
-            nbytes += b
-        this.nfiles += nfiles
-        this.nbytes += nbytes
-        this.left -= 1  # walked
-        if this.left:
-            return this
-        return self._finish_dir(this, reusable)
-
-    def _finish_dir(self, d: _Dir, reusable: bool) -> _Done:
-        """Reuse or encode and store a directory's tree once all of its entries are known."""
-        rel, dst, dkey, cached = d.rel, d.dst, d.dkey, d.cached
-        nfiles, nbytes = d.nfiles, d.nbytes
-        if reusable and cached is not None:
+        if reusable and cached is not None and self._result.read_files == reads_before:
             self.new.trees[rel] = cached
             return cached[4], nfiles, nbytes, False
         entries = [
             v if isinstance(v, TreeEntry) else TreeEntry(n, "f", v[4] & 0o7777, v[0], v[5])
-            for n, v in zip(d.names, d.found, strict=True)
+            for n, v in zip(names, found, strict=True)
         ]
         digest = self._store_tree(entries, cached[4] if cached is not None else None)
         if not is_racy(dst.st_mtime_ns, self._racy):
@@ -528,58 +314,11 @@ class Scanner:
         else:
             # Racy: a scan may not infer "listing unchanged" from this stat (mtime -1 never
             # matches), but watch mode, which relies on events instead, may reuse the tree.
-            self.new.trees[rel] = (-1, -1, -1, dkey[3], digest, nfiles, nbytes)
+            self.new.trees[rel] = (-1, -1, -1, ctx.signature, digest, nfiles, nbytes)
         # "Changed" for the parent: new content, or this directory's own inode changed (a
         # chmod changes only its ctime and its mode, which the parent's tree records).
         changed = cached is None or cached[4] != digest or cached[:3] != dkey[:3]
         return digest, nfiles, nbytes, changed
-
-    def _submit(self) -> None:
-        """Hand the batch being filled to a reader thread."""
-        batch = self._batch
-        if batch.items:
-            batch.job = _pool().submit(_read_batch, batch.items, self.writer.encode)
-            self._batch = _Batch()
-
-    def _store_next(self) -> None:
-        """Store the first file still handed to the readers (waiting for it if need be),
-        and finish its directory, and theirs above, if it was the last they waited for."""
-        d, index, name, path, rel, st, had, batch, place = self._queue.popleft()
-        self._in_flight -= st.st_size
-        if batch.job is None:
-            self._submit()
-        assert batch.job is not None
-        got = batch.job.result()[place]
-        if got is None:  # it grew large meanwhile: read it here, chunked
-            digest, size = self._read_file(path, rel, st, had)
-        else:
-            digest, size, after, row = got
-            if row is not None:  # (None: the digest the cache had, stored already)
-                self.writer.add_encoded(row)
-            self._record(rel, size, after, digest)
-        d.found[index] = TreeEntry(name, "f", st.st_mode & 0o7777, size, digest)
-        d.nbytes += size
-        d.left -= 1
-        while not d.left:  # finished: hand its tree to the directory above
-            done = self._finish_dir(d, False)
-            up = d.parent
-            if up is None:
-                d.done = done
-                return
-            name = d.rel.rpartition(b"/")[2]
-            up.found[d.slot] = TreeEntry(name, "d", d.dst.st_mode & 0o7777, 0, done[0])
-            up.nfiles += done[1]
-            up.nbytes += done[2]
-            up.left -= 1
-            d = up
-
-    def _wait(self, got: _Done | _Dir) -> _Done:
-        """A directory's result, storing what the readers read until it is finished."""
-        while isinstance(got, _Dir):
-            if got.done is not None:
-                return got.done
-            self._store_next()
-        return got
 
     def _store_tree(self, entries: list[TreeEntry], had: bytes | None = None) -> bytes:
         """Encode one directory's tree object, queue it for storing, return its digest
@@ -624,8 +363,7 @@ class Scanner:
                     changed = changed or got[4] != e.ref
                     continue
                 sub_path = path + b"/" + name
-                scanned = self._scan_dir(sub_path, crel, ctx, os.lstat(sub_path))
-                sub, n, b, sub_changed = self._wait(scanned)
+                sub, n, b, sub_changed = self._scan_dir(sub_path, crel, ctx, os.lstat(sub_path))
                 changed = changed or sub_changed
                 e = TreeEntry(name, "d", e.mode, 0, sub)
                 nfiles += n
