@@ -389,8 +389,12 @@ class BlobWriter:
         self.blobs = blobs
         self._batch: list[tuple[bytes, bytes]] = []  # not yet handed to the worker
         self._batch_bytes = 0
-        self._jobs: list[tuple[list[tuple[bytes, bytes]], Future[_Frames]]] = []
+        self._jobs: collections.deque[tuple[list[tuple[bytes, bytes]], Future[_Frames]]] = (
+            collections.deque()
+        )
         """Batches being compressed by a worker thread (see Blobs.encode_later)."""
+        self._encoded: list[BlobRow] = []
+        """Rows of batches compressed already (their contents are let go at once)."""
         self._pending_bytes = 0
         self._seen: set[bytes] = set()
         self._chunk_lists: list[BlobRow] = []
@@ -410,8 +414,14 @@ class BlobWriter:
         self._batch_bytes += len(data)
         self._pending_bytes += len(data)
         if self._batch_bytes >= _BATCH_BYTES:
-            self._jobs.append((self._batch, self.blobs.encode_later(self._batch)))
+            jobs = self._jobs
+            jobs.append((self._batch, self.blobs.encode_later(self._batch)))
             self._batch, self._batch_bytes = [], 0
+            while jobs[0][1].done():  # (not a wait: the scan goes on)
+                items, job = jobs.popleft()
+                self._encoded += self.blobs.rows_of(items, job.result())
+                if not jobs:
+                    break
         if self._pending_bytes >= _FLUSH_BYTES:
             self._stream()
         return digest
@@ -423,7 +433,9 @@ class BlobWriter:
         "racy" file re-read only because its stat could hide an edit): when the content
         still hashes to it, nothing is queued, compressed or sent again."""
         if size_hint <= CHUNK_SIZE:
-            data = _read_all(fd, size_hint)
+            data = os.read(fd, size_hint) if size_hint else b""  # one read, usually
+            if 0 < len(data) < size_hint:  # (a short read: read on, up to EOF)
+                data += _read_all(fd, size_hint - len(data))
             if len(data) <= CHUNK_SIZE:
                 if known is not None:
                     digest = hashlib.sha256(data).digest()
@@ -539,9 +551,11 @@ class BlobWriter:
         Batches already handed to the compression thread come back encoded; the last,
         partial batch is compressed only after the query, and only what is new."""
         rows_of = self.blobs.rows_of
-        encoded = [r for items, job in self._jobs for r in rows_of(items, job.result())]
+        encoded = self._encoded
+        encoded += [r for items, job in self._jobs for r in rows_of(items, job.result())]
         raw, lists = self._batch, self._chunk_lists
-        self._jobs, self._batch, self._chunk_lists = [], [], []
+        self._batch, self._chunk_lists, self._encoded = [], [], []
+        self._jobs.clear()
         self._batch_bytes = self._pending_bytes = 0
         count = len(encoded) + len(raw) + len(lists)
         if not count:
