@@ -14,9 +14,7 @@ import hashlib
 import operator
 import os
 import stat
-import threading
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
 
 import msgspec
 
@@ -28,9 +26,6 @@ from .ignore import ALWAYS_EXCLUDED, IGNORE_FILES, IgnoreContext
 from .statcache import FileCacheEntry, StatCache, TreeCacheEntry, is_racy, racy_after
 from .tree import TreeReader
 from .watch import Watcher
-
-if TYPE_CHECKING:
-    from concurrent.futures import Future, ThreadPoolExecutor
 
 __all__ = ["ScanResult", "Scanner", "encode_tree"]
 
@@ -45,40 +40,6 @@ _S_IFMT, _S_IFREG, _S_IFDIR = stat.S_IFMT(0o177777), stat.S_IFREG, stat.S_IFDIR
 
 _by_name = operator.attrgetter("name")
 _MAX_RETRIES = 5
-
-# Reading files on threads. Opening, reading, fstat and SHA-256 release the GIL, so a scan
-# that reads many files hands them to a few threads (up to 16 MiB of one directory at a
-# time) and goes on listing and stat-ing meanwhile; what was read is stored, counted and
-# put in the stat cache on the scanning thread, in listing order, so the writer and the
-# store's commit order are exactly those of a scan that reads inline. A scan that reads a
-# handful of files (an incremental snapshot) reads them inline: no thread hand-off.
-_POOL_MAX_FILE = 1 << 20  # larger files are chunked by the writer, inline
-_POOL_DIR_BYTES = 16 << 20
-_POOL_AFTER = 32
-"""Files read inline by a scan before it reads the rest on threads: a snapshot of a few
-files (a hook's CLI run) never starts a thread or imports the pool."""
-_WORKERS = max(2, min(4, os.cpu_count() or 1))
-_executor: ThreadPoolExecutor | None = None
-_executor_lock = threading.Lock()
-
-
-def _pool() -> ThreadPoolExecutor:
-    global _executor
-    with _executor_lock:
-        if _executor is None:
-            from concurrent.futures import ThreadPoolExecutor  # ~5 ms: only when work comes
-
-            _executor = ThreadPoolExecutor(_WORKERS, thread_name_prefix="stashpoint-read")
-        return _executor
-
-
-def _after_fork() -> None:  # the pool's threads do not exist in a child process
-    global _executor, _executor_lock
-    _executor, _executor_lock = None, threading.Lock()
-
-
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_after_fork)
 
 
 def _open_for_read(path: bytes) -> int:
@@ -99,65 +60,11 @@ def _unchanged(before: os.stat_result, size: int, after: os.stat_result) -> bool
     ) and size == after.st_size
 
 
-def _read_small(
-    path: bytes, rel: bytes, st: os.stat_result
-) -> tuple[bytes, bytes, os.stat_result] | None:
-    """On a reader thread: (digest, content, stat after the read) of a small file, or None
-    if it grew past what a thread reads (the scanning thread then reads it as a large one)."""
-    before = st
-    for _ in range(_MAX_RETRIES):
-        fd = _open_for_read(path)
-        try:
-            parts, n = [], before.st_size
-            while n > 0:
-                part = os.read(fd, n)
-                if not part:
-                    break
-                parts.append(part)
-                n -= len(part)
-            data = b"".join(parts)
-            after = os.fstat(fd)
-        finally:
-            os.close(fd)
-        if _unchanged(before, len(data), after):
-            return hashlib.sha256(data).digest(), data, after
-        if after.st_size > _POOL_MAX_FILE:
-            return None
-        before = after
-    raise _kept_changing(rel)
-
-
-def _read_batch(
-    items: list[tuple[bytes, bytes, os.stat_result]],
-) -> list[tuple[bytes, bytes, os.stat_result] | None]:
-    """:func:`_read_small` for several files: one hand-off per batch, not per file."""
-    return [_read_small(path, rel, st) for path, rel, st in items]
-
-
 def _kept_changing(rel: bytes) -> StashpointError:
     return StashpointError(
         f"snapshot failed: {os.fsdecode(rel)} kept changing while it was read; "
         "stop the writer or ignore the file in .stashpointignore"
     )
-
-
-_Pending = tuple[int, bytes, bytes, bytes, os.stat_result, "bytes | None", "Future[Any]", int]
-"""(index in the listing, name, path, relpath, stat, cached digest, the future of the batch
-that reads it, its place in the batch)."""
-_BATCH_FILES = 8  # (a directory of 30 files still goes to several readers at once)
-_BATCH_BYTES = 1 << 20
-_SLOT = TreeEntry(b"", "f", 0, 0, b"")
-_NO_JOB: Future[Any] = None  # type: ignore[assignment]  # (set by _submit)
-
-
-def _submit(
-    batch: list[tuple[bytes, bytes, os.stat_result]], pending: list[_Pending], at: int
-) -> None:
-    """Hand ``batch`` (the files of ``pending[at:]``) to a reader thread."""
-    job = _pool().submit(_read_batch, batch)
-    for k in range(len(batch)):
-        p = pending[at + k]
-        pending[at + k] = (*p[:6], job, k)
 
 
 Progress = Callable[[int, int], None]
@@ -313,13 +220,6 @@ class Scanner:
         check_ignores = not ctx.empty
         exclude = self.exclude
         links: list[bytes] | None = [] if w is not None else None
-        threads = self._result.read_files >= _POOL_AFTER
-        pending: list[_Pending] = []
-        pending_bytes = 0
-        batch: list[tuple[bytes, bytes, os.stat_result]] = []
-        batch_at = 0  # where the batch's files start in ``pending``
-        batch_bytes = 0
-        subdirs: list[tuple[bytes, bytes, os.stat_result]] = []
         if known is not None and dirty is not None:
             # Watch mode: a name without an event since the last snapshot, still listed with
             # the same type, is the file (or link) the stored tree has: no stat needed.
@@ -373,31 +273,15 @@ class Scanner:
                     nbytes += hit[0]
                 else:
                     had = hit[5] if hit is not None and hit[0] == st.st_size else None
+                    digest, size = self._read_file(e.path, crel, st, had)
                     names.append(name)
-                    if threads and st.st_size <= _POOL_MAX_FILE:
-                        batch.append((e.path, crel, st))
-                        pending.append((len(found), name, e.path, crel, st, had, _NO_JOB, 0))
-                        found.append(_SLOT)  # filled in by _collect
-                        batch_bytes += st.st_size
-                        if len(batch) >= _BATCH_FILES or batch_bytes >= _BATCH_BYTES:
-                            _submit(batch, pending, batch_at)
-                            pending_bytes += batch_bytes
-                            batch, batch_at, batch_bytes = [], len(pending), 0
-                        if pending_bytes >= _POOL_DIR_BYTES:  # memory stays bounded
-                            nbytes += self._collect(pending, found)
-                            pending, pending_bytes, batch_at = [], 0, 0
-                    else:
-                        digest, size = self._read_file(e.path, crel, st, had)
-                        found.append(TreeEntry(name, "f", mode & 0o7777, size, digest))
-                        nbytes += size
+                    found.append(TreeEntry(name, "f", mode & 0o7777, size, digest))
+                    nbytes += size
                 nfiles += 1
             elif mode & _S_IFMT == _S_IFDIR:
                 if e.path in exclude:
                     continue
                 if check_ignores and not (trusted and crel in old.dirs) and ctx.ignored(crel, True):
-                    continue
-                if threads:  # after this directory's files are handed to the readers
-                    subdirs.append((e.path, crel, st))
                     continue
                 sub, n, b, changed = self._scan_dir(e.path, crel, ctx, st)
                 reusable = reusable and not changed
@@ -415,18 +299,6 @@ class Scanner:
                 reusable = False  # links are not in the stat cache: always re-encode
             else:
                 self._result.skipped.append(os.fsdecode(crel))
-        if batch:
-            _submit(batch, pending, batch_at)
-        for path_, crel, st in subdirs:  # while the readers read this directory's files
-            sub, n, b, changed = self._scan_dir(path_, crel, ctx, st)
-            reusable = reusable and not changed
-            name = crel.rpartition(b"/")[2]
-            names.append(name)
-            found.append(TreeEntry(name, "d", st.st_mode & 0o7777, 0, sub))
-            nfiles += n
-            nbytes += b
-        if pending:
-            nbytes += self._collect(pending, found)
         if w is not None and links is not None:
             w.set_links(rel, links)
         if reusable and cached is not None and self._result.read_files == reads_before:
@@ -506,23 +378,6 @@ class Scanner:
         digest = self._store_tree(out, cached[4])
         self.new.trees[rel] = (*cached[:4], digest, nfiles, nbytes)
         return digest, nfiles, nbytes, True
-
-    def _collect(self, pending: list[_Pending], found: list[TreeEntry | FileCacheEntry]) -> int:
-        """Store what the reader threads read, in listing order; returns the bytes."""
-        total = 0
-        for index, name, path, rel, st, had, job, place in pending:
-            got = job.result()[place]
-            if got is None:  # it grew large meanwhile: read it here, chunked
-                digest, size = self._read_file(path, rel, st, had)
-            else:
-                digest, data, after = got
-                size = len(data)
-                if digest != had:  # (``had``: stored already, see _read_file)
-                    self.writer.add(data, digest)
-                self._record(rel, size, after, digest)
-            found[index] = TreeEntry(name, "f", st.st_mode & 0o7777, size, digest)
-            total += size
-        return total
 
     def _read_file(
         self, path: bytes, rel: bytes, st: os.stat_result, known: bytes | None = None
