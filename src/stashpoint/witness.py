@@ -74,21 +74,42 @@ class Lag(NamedTuple):
 
     @property
     def message(self) -> str:
+        return self.text()
+
+    def text(self, mirror: str | None = None) -> str:
+        """What happened, as this user's witness saw it, or as the mirror at ``mirror`` has it."""
         where = f"branch {self.branch!r} of session {self.session!r}"
+        saw, when = (
+            ("this user saw", "when this user last saw it")
+            if mirror is None
+            else ("the mirror has", f"in the mirror {mirror}")
+        )
         if not self.rolled_back:
             return (
-                f"{where} is at sequence {self.seq} with head {self.head}, but this user saw "
+                f"{where} is at sequence {self.seq} with head {self.head}, but {saw} "
                 f"head {self.seen_head} at that sequence: a forged or forked tip"
             )
         if self.seq is None:
             return (
                 f"store rolled back from seq {self.seen_seq}: {where} (head {self.seen_head} "
-                "when this user last saw it) is gone"
+                f"{when}) is gone"
             )
         return (
             f"store rolled back from seq {self.seen_seq} to {self.seq}: {where} was at head "
-            f"{self.seen_head} when this user last saw it, and is at {self.head} now"
+            f"{self.seen_head} {when}, and is at {self.head} now"
         )
+
+    def judge(self, accept: bool, mirror: str | None = None) -> None:
+        """Raise for a forged or forked tip (always) and for a rollback (unless accepted)."""
+        if not self.rolled_back:
+            raise IntegrityError(self.text(mirror), checkpoint=self.head)
+        if not accept:
+            raise RollbackError(
+                f"{self.text(mirror)}; if you restored this store on purpose, accept it with "
+                f"--accept-rollback (or {ACCEPT_ENV}=1)",
+                seen=self.seen_seq,
+                now=self.seq,
+            )
 
 
 class Witness:
@@ -157,15 +178,7 @@ class Witness:
         lag = self.lag(session, branch, head, seq)
         if lag is None:
             return
-        if not lag.rolled_back:
-            raise IntegrityError(lag.message, checkpoint=head)
-        if not self.accept:
-            raise RollbackError(
-                f"{lag.message}; if you restored this store on purpose, accept it with "
-                f"--accept-rollback (or {ACCEPT_ENV}=1)",
-                seen=lag.seen_seq,
-                now=seq,
-            )
+        lag.judge(self.accept)
         self.accepted.append(lag)
         self.heads[(session, branch)] = (seq, head, None)
 
@@ -289,18 +302,7 @@ class MirrorWitness:
         lag = self.lag(session, branch, head, seq)
         if lag is None:
             return
-        text = lag.message.replace("this user saw", "the mirror has").replace(
-            "when this user last saw it", f"in the mirror {self.label}"
-        )
-        if not lag.rolled_back:
-            raise IntegrityError(text, checkpoint=head)
-        if not self.accept:
-            raise RollbackError(
-                f"{text}; if you restored this store on purpose, accept it with "
-                f"--accept-rollback (or {ACCEPT_ENV}=1)",
-                seen=lag.seen_seq,
-                now=seq,
-            )
+        lag.judge(self.accept, self.label)
         self.accepted.append(lag)
 
     def observe_session(self, session: str, branches: set[str]) -> None:
