@@ -53,7 +53,25 @@ V1_SCHEMA = 3
 """The schema of format 1 (:mod:`.formats`): a store at it opens read-only until upgraded."""
 _LOCK_KEY = 0x5354_4153_4850_4F49  # "STASHPOI": serialises concurrent migrations
 
-FUNCTIONS = """
+_COMMIT_TAIL = """\
+    IF cardinality(p_digests) > 0 THEN
+        IF EXISTS (SELECT 1 FROM sp_condemned) THEN
+            DELETE FROM sp_condemned WHERE digest = ANY(p_digests);
+        END IF;
+        INSERT INTO sp_blobs(digest, codec, size, data)
+            SELECT * FROM unnest(p_digests, p_codecs, p_sizes, p_blobs)
+            ON CONFLICT (digest) DO NOTHING;
+    END IF;
+    INSERT INTO sp_checkpoints(id, session, branch, parent, body, digest)
+        VALUES (p_id, p_session, p_branch, p_parent, p_body, p_digest);
+    RETURN (SELECT value FROM sp_meta WHERE key = 'gc_epoch');
+END $$
+"""
+"""The end of every version of ``sp_commit``: the checkpoint's new blobs (rescued from a GC
+that condemned them), its record, and the GC epoch the writer must compare."""
+
+FUNCTIONS = (
+    """
 CREATE OR REPLACE FUNCTION sp_check_lease(p_session TEXT, p_fence BIGINT)
 RETURNS VOID LANGUAGE plpgsql AS $$
 DECLARE
@@ -138,22 +156,13 @@ BEGIN
         PERFORM sp_append(p_log, p_log_new, p_log_session, p_log_parent, p_log_parent_len,
                           p_log_start, p_chains, p_datas, NULL, NULL);
     END IF;
-    IF cardinality(p_digests) > 0 THEN
-        IF EXISTS (SELECT 1 FROM sp_condemned) THEN
-            DELETE FROM sp_condemned WHERE digest = ANY(p_digests);
-        END IF;
-        INSERT INTO sp_blobs(digest, codec, size, data)
-            SELECT * FROM unnest(p_digests, p_codecs, p_sizes, p_blobs)
-            ON CONFLICT (digest) DO NOTHING;
-    END IF;
-    INSERT INTO sp_checkpoints(id, session, branch, parent, body, digest)
-        VALUES (p_id, p_session, p_branch, p_parent, p_body, p_digest);
-    RETURN (SELECT value FROM sp_meta WHERE key = 'gc_epoch');
-END $$
 """
+    + _COMMIT_TAIL
+)
 """One round trip per checkpoint (and per journal append); the same checks as SqlStore's."""
 
-COMMIT_V5 = """
+COMMIT_V5 = (
+    """
 CREATE OR REPLACE FUNCTION sp_commit(
     p_id TEXT, p_session TEXT, p_branch TEXT, p_parent TEXT, p_body BYTEA, p_digest TEXT,
     p_move_head BOOLEAN, p_expected TEXT, p_gc_epoch TEXT, p_fence_session TEXT,
@@ -222,19 +231,9 @@ BEGIN
                               p_log_parent_len, p_log_start, p_chains, p_datas, NULL, NULL);
         END IF;
     END IF;
-    IF cardinality(p_digests) > 0 THEN
-        IF EXISTS (SELECT 1 FROM sp_condemned) THEN
-            DELETE FROM sp_condemned WHERE digest = ANY(p_digests);
-        END IF;
-        INSERT INTO sp_blobs(digest, codec, size, data)
-            SELECT * FROM unnest(p_digests, p_codecs, p_sizes, p_blobs)
-            ON CONFLICT (digest) DO NOTHING;
-    END IF;
-    INSERT INTO sp_checkpoints(id, session, branch, parent, body, digest)
-        VALUES (p_id, p_session, p_branch, p_parent, p_body, p_digest);
-    RETURN (SELECT value FROM sp_meta WHERE key = 'gc_epoch');
-END $$
 """
+    + _COMMIT_TAIL
+)
 """Schema version 5: ``sp_commit`` of a checkpoint that moves an existing head (an agent's
 every checkpoint) runs the lease check inside the head's compare-and-set and appends its
 messages in place, checking the row before them instead of reading the log's tip (a MAX):
