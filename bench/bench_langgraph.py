@@ -172,7 +172,7 @@ def _statements_per_put(tmp: Path, conv: list[Any]) -> dict[str, float]:
     the trace callback costs time). Each transaction is one WAL commit: one fsync."""
     saver = StashpointSaver(stashpoint.open(tmp))
     seen: list[str] = []
-    db = saver.store.meta._db  # type: ignore[attr-defined]
+    db = saver.store.backend._db  # type: ignore[attr-defined]
     db.set_trace_callback(seen.append)
     n = len(_puts(saver, conv, None))
     db.set_trace_callback(None)
@@ -185,7 +185,7 @@ def bench_stashpoint(tmp: Path, conv: list[Any], reps: int) -> dict[str, Any]:
     floor = Floor(tmp / "floor.db")
     saver = StashpointSaver(stashpoint.open(tmp / "sp-direct"))
     out: dict[str, Any] = {
-        "durability": _durability(saver.store.meta._db),  # type: ignore[attr-defined]
+        "durability": _durability(saver.store.backend._db),  # type: ignore[attr-defined]
         "floor_durability": _durability(floor.conn),
     }
     out["puts"], out["floor"] = _puts(saver, conv, floor), list(floor.times)

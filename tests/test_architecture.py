@@ -89,6 +89,23 @@ def test_backend_protocols_stay_narrow() -> None:
     assert wide == {}, f"split these protocols (at most {MAX_PROTOCOL_METHODS} methods): {wide}"
 
 
+def test_the_ref_layer_reaches_only_the_protocols(tmp_path: Path) -> None:
+    """Heads are verified in one place, the ref layer. A backend's own methods and
+    attributes (its connection, a raw head write) are not reachable through it: code that
+    needs them names the backend, never the layer that signs and checks."""
+    import stashpoint
+    from stashpoint.stores.refauth import AuthenticatedRefs
+
+    with stashpoint.open(tmp_path / "store") as store:
+        refs = store.refs
+        assert isinstance(refs, AuthenticatedRefs)
+        assert store.meta is refs
+        for name in ("_db", "_tx", "path"):
+            assert hasattr(store.backend, name), name  # the backend does have them
+            with pytest.raises(AttributeError):
+                getattr(refs, name)
+
+
 _META_CALLS = {"get_meta", "set_meta", "iter_meta"}
 # The conformance suite exercises a backend's key-value space with arbitrary keys of its own.
 _META_EXEMPT = {"metakeys.py", "testing/conformance.py"}

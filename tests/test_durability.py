@@ -43,7 +43,7 @@ def test_levels_parse_and_print() -> None:
 
 
 def _sqlite_sync(store: stashpoint.Store) -> int:
-    return int(store.meta._db.execute("PRAGMA synchronous").fetchone()[0])  # type: ignore[attr-defined]
+    return int(store.backend._db.execute("PRAGMA synchronous").fetchone()[0])  # type: ignore[attr-defined]
 
 
 def test_sqlite_defers_only_the_commits_of_deferred_sessions(tmp_path: Path) -> None:
@@ -79,7 +79,7 @@ def test_journal_entries_after_a_deferred_checkpoint_are_fsynced(
     run = store.session("s", durability=level)
     run.checkpoint({"x": 1})
     seen: list[str] = []
-    db = store.meta._db  # type: ignore[attr-defined]
+    db = store.backend._db  # type: ignore[attr-defined]
     level_now = int(db.execute("PRAGMA synchronous").fetchone()[0])
     db.set_trace_callback(seen.append)
 

@@ -130,7 +130,7 @@ def test_libpq_options_with_spaces_survive_the_url(pg_url: str) -> None:
 
     url = pg_url + "%20-cstatement_timeout%3D4321&pool_max=2"
     with stashpoint.open(url) as store:
-        rows = store.meta._read("SHOW statement_timeout")  # type: ignore[attr-defined]
+        rows = store.backend._read("SHOW statement_timeout")  # type: ignore[attr-defined]
         assert rows[0][0] == "4321ms"
         store.session("s").checkpoint({"ok": True})
 
@@ -173,16 +173,16 @@ def test_a_checkpoint_runs_as_a_prepared_statement_and_survives_the_server_forge
         session = store.session("s")
         session.checkpoint({"step": 0})
         session.checkpoint({"step": 1})
-        names = _prepared_names(store.meta)
+        names = _prepared_names(store.backend)
         assert names and all(n.startswith("stashpoint_") for n in names)
-        commit = store.meta._names[_COMMIT].decode()  # type: ignore[attr-defined]
+        commit = store.backend._names[_COMMIT].decode()  # type: ignore[attr-defined]
         assert commit in names  # besides it: store values read and set at open
         # What a transaction pooler does to us: the next server connection lacks the statement.
-        with store.meta._conn() as conn:  # type: ignore[attr-defined]
+        with store.backend._conn() as conn:  # type: ignore[attr-defined]
             conn.execute("DEALLOCATE ALL")
         third = session.checkpoint({"step": 2})  # runs unprepared; nothing lost, nothing twice
         session.checkpoint({"step": 3})
-        assert _prepared_names(store.meta) == []  # turned off for the store: never again
+        assert _prepared_names(store.backend) == []  # turned off for the store: never again
         history = session.history()
         assert [c.id for c in history][1] == third.id
         assert [session.state(c)["step"] for c in history] == [3, 2, 1, 0]
@@ -194,7 +194,7 @@ def test_prepare_false_in_the_url_prepares_nothing(pg_url: str) -> None:
     with stashpoint.open(pg_url + "&pool_max=1&prepare=false") as store:
         for i in range(3):
             store.session("s").checkpoint({"step": i})
-        assert _prepared_names(store.meta) == []
+        assert _prepared_names(store.backend) == []
         assert len(store.session("s").history()) == 3
 
 

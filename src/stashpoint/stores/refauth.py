@@ -156,7 +156,11 @@ class AuthenticatedRefs(ForwardingStore):
     """Writes an ``auth`` string with every head and label, and verifies it on every read
     through :meth:`branches`, :meth:`get_head` and :meth:`labels`. The raw rows
     (:meth:`head_rows`, :meth:`label_rows`) pass through unverified, for ``verify`` to report
-    each problem rather than stop at the first."""
+    each problem rather than stop at the first.
+
+    Only the storage protocols' operations are reachable through it (each forwarded by
+    name): a backend's other methods and attributes are not, so nothing can move a head
+    around the signature by calling the backend through this object."""
 
     def __init__(self, inner: MetadataStore, signer: RefSigner) -> None:
         super().__init__(inner)
@@ -166,13 +170,6 @@ class AuthenticatedRefs(ForwardingStore):
         self.digests: dict[tuple[str, str], str] = {}
         """(session, branch) -> the record digest of a head this object wrote."""
         self.observer: Observer | None = None
-
-    def __getattr__(self, name: str) -> object:
-        """A backend's own attributes (its connection, its path) stay reachable through the
-        wrapper, as before it existed; every protocol method is forwarded explicitly."""
-        if name.startswith("__") or name == "inner":
-            raise AttributeError(name)
-        return getattr(self.inner, name)
 
     # -- heads ------------------------------------------------------------------------------
     def _head(self, session: str, branch: str, target: str, auth: str | None) -> str:
