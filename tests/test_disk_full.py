@@ -115,6 +115,59 @@ def test_a_rewind_into_a_full_disk_names_the_file_it_could_not_write(
     assert (ws / "big.bin").stat().st_size == 1 << 20
 
 
+def test_finishing_an_interrupted_rewind_keeps_the_work_done_meanwhile(
+    sp: Any, tmp_path: Path, tiny_fs: Path
+) -> None:
+    """A rewind the disk stopped halfway is finished by the next command. Files written
+    after it stopped (the user kept working) are in neither its target nor its safety
+    checkpoint: they are recorded first, never silently overwritten or deleted."""
+    ws = tiny_fs / "ws"
+    ws.mkdir()
+    store = ["--store", str(tmp_path / "st")]
+    (ws / "app.py").write_text("v1\n")
+    small = json.loads(sp(*store, "snap", "-m", "small", "--json", cwd=ws).out)
+    (ws / "big.bin").write_bytes(os.urandom(1 << 20))
+    big = json.loads(sp(*store, "snap", "-m", "big", "--json", cwd=ws).out)
+    sp(*store, "rewind", small["id"], cwd=ws)
+    filler = _fill(tiny_fs, 4 << 10)
+    res = sp(*store, "rewind", big["id"], cwd=ws, check=False)
+    assert res.code == 1 and "restore failed at big.bin" in res.err, res.err
+    (ws / "notes.txt").write_text("work\n")  # the user goes on working
+    (ws / "app.py").write_text("v2\n")
+    filler.unlink()
+
+    done = sp(*store, "log", "--json", cwd=ws)  # finishes the interrupted rewind
+    assert (ws / "big.bin").stat().st_size == 1 << 20  # the rewind is complete
+    assert "notes.txt" in done.err and "changed since it was interrupted" in done.err, done.err
+    kept = done.err.split("saved as checkpoint ")[1].split()[0]
+    sp(*store, "rewind", kept, cwd=ws)
+    assert (ws / "notes.txt").read_text() == "work\n"
+    assert (ws / "app.py").read_text() == "v2\n"
+
+
+def test_finishing_an_interrupted_rewind_without_new_work_records_nothing_more(
+    sp: Any, tmp_path: Path, tiny_fs: Path
+) -> None:
+    ws = tiny_fs / "ws"
+    ws.mkdir()
+    store = ["--store", str(tmp_path / "st")]
+    (ws / "app.py").write_text("v1\n")
+    small = json.loads(sp(*store, "snap", "-m", "small", "--json", cwd=ws).out)
+    (ws / "big.bin").write_bytes(os.urandom(1 << 20))
+    big = json.loads(sp(*store, "snap", "-m", "big", "--json", cwd=ws).out)
+    sp(*store, "rewind", small["id"], cwd=ws)
+    before = json.loads(sp(*store, "log", "--json", cwd=ws).out)
+    filler = _fill(tiny_fs, 4 << 10)
+    assert sp(*store, "rewind", big["id"], cwd=ws, check=False).code == 1
+    filler.unlink()
+    done = sp(*store, "log", "--json", cwd=ws)
+    assert "changed since" not in done.err, done.err
+    after = json.loads(done.out)
+    # the failed rewind's own safety checkpoint, and nothing else
+    assert len(after) == len(before) + 1, (before, after)
+    assert (ws / "big.bin").stat().st_size == 1 << 20
+
+
 def test_a_full_disk_still_opens_the_store_for_reading_and_for_gc(
     sp: Any, tmp_path: Path, tiny_fs: Path
 ) -> None:

@@ -45,6 +45,7 @@ if TYPE_CHECKING:
     from .durable import Effect
     from .session import Session
     from .trial import Trial
+    from .workspace.tree import TreeReader
 
 __all__ = ["Restoring", "RewindResult"]
 
@@ -523,6 +524,7 @@ def _complete(self: Session, journal: dict[str, Any]) -> bool:
     safety = None
     try:
         safety = self.store.get(journal["safety"]) if journal.get("safety") else None
+        safety = self._keep_work_since(journal, safety)
         self._finish_rewind(journal, safety, recovering=True)
     except (IntegrityError, NotFoundError, RestoreBlocked) as exc:
         if safety is not None:
@@ -542,6 +544,54 @@ def _complete(self: Session, journal: dict[str, Any]) -> bool:
         self.branch = saved_branch
         self._head_loaded = False
     return True
+
+
+def _keep_work_since(
+    self: Session, journal: dict[str, Any], safety: Checkpoint | None
+) -> Checkpoint | None:
+    """Before an interrupted restore is finished: if a file in the workspace now holds
+    what neither its target nor its safety checkpoint has (work done after the
+    interruption, while the restore could not finish), record the workspace first, so that
+    finishing the restore loses none of it. That checkpoint then stands for the safety
+    checkpoint: the undo point, and what a failure puts back. Returns the checkpoint the
+    restore is finished from."""
+    if not journal.get("files") or self.workspace is None:
+        return safety
+    target = self.store.get(journal["target"])
+    if target.workspace is None:
+        return safety
+    self.workspace.clean_temp_files()
+    current = self._current_tree()
+    reader = self.workspace.reader
+    new = _changed_files(reader, bytes.fromhex(target.workspace.tree), current)
+    if new and safety is not None and safety.workspace is not None:
+        new &= _changed_files(reader, bytes.fromhex(safety.workspace.tree), current)
+    if not new:
+        return safety
+    kept = self.checkpoint(
+        kind="pre-rewind",
+        message=f"work found while finishing an interrupted restore to {target.id}",
+    )
+    some = ", ".join(os.fsdecode(p) for p in sorted(new)[:3])
+    more = f" and {len(new) - 3} more" if len(new) > 3 else ""
+    warnings.warn(
+        f"an interrupted restore to {target.id} is being finished; {some}{more} changed "
+        f"since it was interrupted, so the workspace was first saved as checkpoint "
+        f"{kept.id} (rewind to it to get that work back)",
+        StashpointWarning,
+        stacklevel=4,
+    )
+    return kept
+
+
+def _changed_files(reader: TreeReader, base: bytes, now: bytes) -> set[bytes]:
+    """Paths of the files and links in tree ``now`` that differ from ``base`` (new
+    content, kind or mode); deletions and directories are not work a restore can lose."""
+    return {
+        c.path
+        for c in reader.diff(base, now)
+        if c.new is not None and c.new.kind != "d" and c.status != "deleted"
+    }
 
 
 def fork(
@@ -694,6 +744,7 @@ class Restoring:
     _journal = _journal
     _fresh_head = _fresh_head
     _finish_rewind = _finish_rewind
+    _keep_work_since = _keep_work_since
     _drop_safety = _drop_safety
     _roll_back = _roll_back
     _restore_artifacts = _restore_artifacts
