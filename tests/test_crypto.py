@@ -654,8 +654,8 @@ def test_memory_store_encrypts_and_collects(tmp_path: Path) -> None:
         s = store.session()
         first = s.checkpoint({"v": "swordfish " * 50})
         s.checkpoint({"v": "other"})
-        inner = store.meta.inner  # type: ignore[attr-defined]
-        assert all(b"swordfish" not in r.data for r in inner._blobs.values())
+        backend = store.backend
+        assert all(b"swordfish" not in r.data for r in backend._blobs.values())  # type: ignore[attr-defined]
         report = gc.collect(store, grace=0)
         assert report.dry_run is False
         assert s.state(first.id) == {"v": "swordfish " * 50}
