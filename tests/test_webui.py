@@ -7,9 +7,11 @@ off CI a missing one skips with the reason, under ``CI=true`` it fails.
 
 from __future__ import annotations
 
+import html
 import json
 import os
 import re
+import shlex
 import shutil
 import signal
 import subprocess
@@ -19,10 +21,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from click.testing import CliRunner
 from starlette.testclient import TestClient
 
 import stashpoint
+from stashpoint.cli import cli
 from stashpoint.webui import create_app
+from stashpoint.webui.actions import done_banner
 
 TOKEN = "t" * 8 + "0123456789abcdef"
 PORT = 8765
@@ -215,6 +220,39 @@ def test_a_fork_into_a_place_that_cannot_hold_it_is_an_error_page(world: Any) ->
     form = {"ref": ids[0], "branch": "nowhere", "into": "/proc/stashpoint-x", "csrf": csrf}
     r = c.post("/s/main/fork", data=form, headers={"Origin": BASE})
     assert r.status_code == 400 and "/proc/stashpoint-x" in r.text
+
+
+def _offered(page: str) -> list[list[str]]:
+    """Every command a page shows for copying, split as the shell would split it."""
+    texts = (html.unescape(c) for c in re.findall(r"<code[^>]*>(.*?)</code>", page))
+    return [shlex.split(t) for t in texts if t.startswith(("stashpoint ", "rm "))]
+
+
+def test_the_commands_the_ui_offers_run_as_shown(world: Any, tmp_path: Path) -> None:
+    """An undo command or resume hint is pasted into a shell: its options must be the CLI's
+    own, and a session name or directory holding spaces or ';' must stay one word (an
+    imported bundle's session name is chosen by whoever sent it)."""
+    store, root, ids = world
+    name, into = "fix 42; echo pwned", str(tmp_path / "my fork")
+    pages = [
+        done_banner(name, {"done": "rewound", "safety": ids[0]}),
+        done_banner(name, {"done": "labelled", "label": "x", "ref": ids[0]}),
+        done_banner(name, {"done": "edited", "of": ids[0]}),
+        done_banner(name, {"done": "approved", "tool": "deploy"}),
+        done_banner(name, {"done": "forked", "branch": "b", "into": into}),
+    ]
+    c = _client(store, root)
+    c.get(f"/?token={TOKEN}")
+    pages.append(c.get("/s/agent").text)  # the paused run's resume hint
+    offered = [argv for page in pages for argv in _offered(page)]
+    assert ["rm", "-r", into] in offered
+    assert ["stashpoint", "--session", "agent", "resume"] in offered
+    stashpoint_commands = [argv for argv in offered if argv[0] == "stashpoint"]
+    assert len(stashpoint_commands) == 5
+    for argv in stashpoint_commands:
+        assert argv[1:3] in (["--session", name], ["--session", "agent"]), argv
+        parsed = CliRunner().invoke(cli, [*argv[1:], "--help"])  # options parse, nothing runs
+        assert parsed.exit_code == 0, (argv, parsed.output)
 
 
 def test_the_cli_refuses_a_non_loopback_address(sp: Any, tmp_path: Path) -> None:

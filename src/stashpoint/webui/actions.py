@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
 from ..errors import UsageError
-from .render import Frame, banner, cp_url, dumps, e, q, s_url, short
+from .render import Frame, banner, command, cp_url, dumps, e, q, s_url, short
 
 if TYPE_CHECKING:
     from ..session import Session
@@ -136,30 +136,31 @@ def done_banner(name: str, params: Mapping[str, str]) -> str:
             f"<a href='{e(cp_url(name, safety))}'><code>{short(safety)}</code></a>: "
             f"<a href='{e(undo)}'>"
             "restore it to undo</a>.",
-            f"stashpoint -s {name} rewind {safety}",
+            command("stashpoint", "--session", name, "rewind", safety),
         )
     if done == "forked":
         into = params.get("into")
         where = f" into <code>{e(into)}</code>" if into else ""
         return banner(
             f"Forked branch <b>{e(params.get('branch', ''))}</b>{where}.",
-            f"rm -r {into}" if into else None,
+            command("rm", "-r", into) if into else None,
         )
     if done == "labelled":
         label = params.get("label")
         text = f"Labelled <b>{e(label)}</b>." if label else "Label removed."
         ref = params.get("ref", "")
-        return banner(text, f"stashpoint -s {name} label {ref} --delete" if label else None)
+        undo = command("stashpoint", "--session", name, "label", ref, "--delete")
+        return banner(text, undo if label else None)
     if done == "edited":
         of = params.get("of", "")
         return banner(
             f"Saved the edit as this checkpoint; the original <code>{short(of)}</code> is "
             "unchanged.",
-            f"stashpoint -s {name} rewind {of} --state-only",
+            command("stashpoint", "--session", name, "rewind", of, "--state-only"),
         )
     if done in ("approved", "rejected"):
         return banner(
             f"{e(params.get('tool', 'call'))} {done}. The run goes on when it resumes: "
-            f"<code>stashpoint -s {e(name)} resume</code>."
+            f"<code>{e(command('stashpoint', '--session', name, 'resume'))}</code>."
         )
     return ""

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import html
 import json
+import shlex
 from collections.abc import Mapping
 from typing import Any
 from urllib.parse import quote, urlencode
@@ -26,6 +27,12 @@ __all__ = [
 
 def e(value: object) -> str:
     return html.escape(str(value), quote=True)
+
+
+def command(*words: str) -> str:
+    """A shell command to show for copying: each word quoted, since a session name or a
+    directory may hold spaces or ``;`` (a bundle's session name is chosen by its sender)."""
+    return " ".join(shlex.quote(w) for w in words)
 
 
 def short(ident: str | None) -> str:

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 from ..errors import UsageError
 from . import graph
 from .data import branch_pending
-from .render import Frame, cp_url, dumps, e, q, s_url, short, when
+from .render import Frame, command, cp_url, dumps, e, q, s_url, short, when
 
 if TYPE_CHECKING:
     from .._store import Store
@@ -97,8 +97,8 @@ def pending_html(s: Session, frame: Frame, only: str | None = None) -> str:
             f"{frame.hidden(fields)}{reason}<button type='submit'>approve</button>"
             f"<button type='submit' formaction='{e(url)}/reject'>reject</button></form>"
             "<span class='muted'> An approved call runs when the program resumes "
-            f"(<code>stashpoint -s {e(s.name)} resume</code>); its effect outside cannot be "
-            "taken back by a rewind.</span></div>"
+            f"(<code>{e(command('stashpoint', '--session', s.name, 'resume'))}</code>); its "
+            "effect outside cannot be taken back by a rewind.</span></div>"
         )
     return "".join(out)
 
