@@ -86,6 +86,7 @@ class RedisStore(MetadataStore):
         self._lease = self._r.register_script(lua.LEASE)
         self._renew = self._r.register_script(lua.RENEW)
         self._lease_info = self._r.register_script(lua.LEASE_INFO)
+        self._swap_meta = self._r.register_script(lua.SWAP_META)
 
     def _k(self, *parts: str | bytes) -> bytes:
         return self.prefix + b"".join(p.encode() if isinstance(p, str) else p for p in parts)
@@ -116,6 +117,11 @@ class RedisStore(MetadataStore):
             self._call(self._r.hdel, self._k("meta"), key)
         else:
             self._call(self._r.hset, self._k("meta"), key, value)
+
+    def swap_meta(self, key: str, expected: str | None, value: str | None) -> bool:
+        args = [key, "0" if expected is None else "1", expected or ""]
+        args += ["0" if value is None else "1", value or ""]
+        return bool(self._call(self._swap_meta, keys=[self._k("meta")], args=args) == 1)
 
     # -- blobs ----------------------------------------------------------------------------
     def has_blobs(self, digests: Iterable[bytes]) -> set[bytes]:

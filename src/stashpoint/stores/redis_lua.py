@@ -232,6 +232,15 @@ local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 return {h[1], tonumber(h[2]), tonumber(h[3]) - now}
 """
 
+# ARGV: key, whether a value is expected ('0'/'1'), it, whether one is set ('0'/'1'), it.
+SWAP_META = """
+local cur = redis.call('HGET', KEYS[1], ARGV[1])
+if (ARGV[2] == '0' and cur) or (ARGV[2] == '1' and cur ~= ARGV[3]) then return 0 end
+if ARGV[4] == '0' then redis.call('HDEL', KEYS[1], ARGV[1])
+else redis.call('HSET', KEYS[1], ARGV[1], ARGV[5]) end
+return 1
+"""
+
 SET_HEAD = """
 if ARGV[5] ~= '' and redis.call('HGET', ARGV[5], 'token') ~= ARGV[6] then return -1 end
 if ARGV[5] == '' then
