@@ -1,6 +1,7 @@
 """What a LangGraph turn sends to the store: the saver does not fetch back the messages its own
-puts just wrote, and on PostgreSQL a store-level value (the saver's pending writes, set at every
-``put_writes``) is one statement, not a transaction block of three.
+puts just wrote; on PostgreSQL a store-level value is set in one statement, not a transaction
+block of three, and a ``put_writes`` of a saver alone on its thread is one statement (a swap of
+its pending writes, not a read and a set).
 
 A turn of a chat graph starts with ``get_tuple`` of the thread's latest checkpoint; the saver
 keeps the messages it read before, and its puts appended the turn's new ones: reading those back
@@ -141,3 +142,47 @@ def test_setting_a_store_value_on_postgres_is_one_statement(pg_url: str) -> None
     assert other.get_meta("k") is None
     other.close()
     store.close()
+
+
+def test_a_put_writes_of_a_saver_alone_on_its_thread_is_one_statement(
+    pg_url: str,  # noqa: F811
+) -> None:
+    """The pending writes are swapped over the value the saver last stored, with no read
+    before: a read is needed only when another saver's swap got there first."""
+    import psycopg
+    from langgraph.checkpoint.base import empty_checkpoint
+
+    from stashpoint.stores.postgres import PostgresStore
+
+    saver = StashpointSaver(pg_url)
+    config = saver.put(
+        {"configurable": {"thread_id": "t", "checkpoint_ns": ""}}, empty_checkpoint(), {}, {}
+    )
+    assert saver.get_tuple(config) is not None
+    sent: list[str] = []
+    execute, libpq = psycopg.Cursor.execute, PostgresStore._libpq_call
+
+    def counted_execute(self: Any, query: Any, *a: Any, **k: Any) -> Any:
+        sent.append(str(query).split()[0])
+        return execute(self, query, *a, **k)
+
+    def counted_libpq(self: Any, sql: bytes, *a: Any) -> Any:
+        sent.append(sql.decode().split()[0])
+        return libpq(self, sql, *a)
+
+    mp = pytest.MonkeyPatch()
+    mp.setattr(psycopg.Cursor, "execute", counted_execute)
+    mp.setattr(PostgresStore, "_libpq_call", counted_libpq)
+    try:
+        saver.put_writes(config, [("ch", 1)], "first")  # the thread's first: an insert
+        saver.put_writes(config, [("ch", 2), ("other", 3)], "second")
+    finally:
+        mp.undo()
+    assert sent == ["INSERT", "UPDATE"]
+    got = StashpointSaver(pg_url).get_tuple(config)
+    assert got is not None and sorted(got.pending_writes or []) == [
+        ("first", "ch", 1),
+        ("second", "ch", 2),
+        ("second", "other", 3),
+    ]
+    saver.close()

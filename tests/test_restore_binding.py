@@ -72,6 +72,33 @@ def test_rewind_from_another_directory_is_refused_and_the_undo_hint_works_anywhe
     assert snapshot_tree(other) == before
 
 
+def test_a_rewind_from_another_directory_says_where_to_run_it_whatever_its_reference(
+    tmp_path: Path, sp: Sp
+) -> None:
+    """The directory is checked before the reference: a user in the wrong directory hears
+    that, not that ``HEAD~1`` of a branch rewound to its first checkpoint does not exist."""
+    proj, other = tmp_path / "proj", tmp_path / "elsewhere"
+    make_tree(proj, {"a.txt": "one\n"})
+    other.mkdir()
+    snap_json(sp, "-m", "one", cwd=proj)
+    (proj / "a.txt").write_text("two\n")
+    snap_json(sp, "-m", "two", cwd=proj)
+    sp("rewind", "HEAD~1", cwd=proj)  # the head is the first checkpoint now
+    store = str(proj / ".stashpoint")
+    head, before = head_of(proj), snapshot_tree(proj)
+    for ref in ("HEAD~1", "HEAD", "HEAD~7", "no-such-label"):
+        res = sp("--store", store, "rewind", ref, cwd=other, check=False)
+        assert res.code == EXIT_USER, (ref, res)
+        assert f"its workspace is {proj}" in res.err, (ref, res.err)
+        assert f"cd {proj}" in res.err and f"-C {other}" in res.err, (ref, res.err)
+        assert "goes back only" not in res.err and "no checkpoint" not in res.err
+    assert head_of(proj) == head and snapshot_tree(proj) == before
+    assert list(other.iterdir()) == []
+    # where the workspace is, the reference is what is wrong, and said so
+    res = sp("rewind", "HEAD~1", cwd=proj, check=False)
+    assert res.code == EXIT_USER and "goes back only 0 checkpoint(s)" in res.err, res
+
+
 def test_an_explicit_directory_is_a_deliberate_restore_there(tmp_path: Path, sp: Sp) -> None:
     proj, copy = tmp_path / "proj", tmp_path / "copy"
     make_tree(proj, {"a.txt": "one\n"})

@@ -221,6 +221,14 @@ class Store:
         """Set (None: delete) an application's value kept for ``session``."""
         self.meta.set_meta(_session_value_key(session, name), value)
 
+    def swap_session_value(
+        self, session: str, name: str, expected: str | None, value: str | None
+    ) -> bool:
+        """Set (None: delete) an application's value kept for ``session`` only if it still
+        is ``expected`` (None: unset), atomically against every other writer; whether it did.
+        What several processes change (LangGraph's pending writes) is swapped, never set."""
+        return self.meta.swap_meta(_session_value_key(session, name), expected, value)
+
     def log_info(self, log: str) -> LogInfo | None:
         """A conversation log's header (its session, fork parent and length), or None."""
         return self.meta.log_info(log)

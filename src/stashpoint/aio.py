@@ -360,6 +360,7 @@ class AsyncStore:
     prune = _awaited(Store.prune)
     session_value = _awaited(Store.session_value)
     set_session_value = _awaited(Store.set_session_value)
+    swap_session_value = _awaited(Store.swap_session_value)
     log_info = _awaited(Store.log_info)
     read_messages = _awaited(Store.read_messages)
 

@@ -147,6 +147,18 @@ def _check_restore(self: Session, branch: str, target: Checkpoint) -> None:
         raise refused
 
 
+def _check_restore_here(self: Session) -> None:
+    """Refuse a restore into this workspace before anything else is looked at when this
+    branch is bound to another directory: then every restore here is refused, and a
+    rewind run from the wrong directory must say that, not that its reference (say
+    ``HEAD~1`` of a branch at its first checkpoint) does not resolve."""
+    if self.root is None or self.explicit_root:
+        return
+    bound = restore_target.bound_to(self.store, self.name, self.branch)
+    if restore_target.usable(bound) and Path(str(bound)) != self.root:
+        restore_target.check_workspace(self.name, self.branch, self.root, bound)
+
+
 def _bind(self: Session, branch: str) -> None:
     """Bind ``branch`` to this workspace (its checkpoints are taken, or restored, here)."""
     assert self.root is not None
@@ -228,6 +240,7 @@ class Binding:
     _restore_refusal = _restore_refusal
     _in_history = _in_history
     _check_restore = _check_restore
+    _check_restore_here = _check_restore_here
     _bind = _bind
     _snapshot_binding = _snapshot_binding
     _check_snapshot_here = _check_snapshot_here

@@ -123,8 +123,8 @@ def check_workspace(
         )
     raise RestoreRefused(
         f"refusing to restore session {session!r} branch {branch!r} into {root}: its "
-        f"checkpoints were taken in {bound}. Run the command there (stashpoint -C "
-        f"{_quote(Path(bound))} ...), or {how}"
+        f"workspace is {bound}, where its checkpoints were taken. Run the command there "
+        f"(cd {_quote(Path(bound))}, or stashpoint -C {_quote(Path(bound))} ...), or {how}"
     )
 
 

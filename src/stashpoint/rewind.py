@@ -191,6 +191,8 @@ def _rewind(
     recorded (a trial rolling back right after its checkpoint)."""
     if not (files or state):
         raise UsageError("rewind needs files, state or both")
+    if files:
+        self._check_restore_here()
     target = self.get(ref)
     check_not_pruned(self.store, target)
     if files and target.workspace is not None and self.workspace is None:

@@ -132,8 +132,25 @@ class SqlStore(MetadataStore):
                 (key, value),
             )
 
+    def swap_meta(self, key: str, expected: str | None, value: str | None) -> bool:
+        if expected is None and value is None:
+            return self.get_meta(key) is None
+        if expected is None:
+            text = "INSERT INTO {t}meta(key, value) VALUES (?, ?) ON CONFLICT (key) DO NOTHING"
+            args: tuple[str, ...] = (key, str(value))
+        elif value is None:
+            text, args = "DELETE FROM {t}meta WHERE key=? AND value=?", (key, expected)
+        else:
+            text = "UPDATE {t}meta SET value=? WHERE key=? AND value=?"
+            args = (value, key, expected)
+        return bool(self._tx(self._count, text, args) == 1)
+
     def _exec(self, cur: Any, text: str, args: Sequence[Any]) -> None:
         cur.execute(self.sql(text), args)
+
+    def _count(self, cur: Any, text: str, args: Sequence[Any]) -> int:
+        """Rows the statement changed."""
+        return int(cur.execute(self.sql(text), args).rowcount)
 
     # -- blobs ----------------------------------------------------------------------------
     def has_blobs(self, digests: Iterable[bytes]) -> set[bytes]:

@@ -313,6 +313,14 @@ class MetaKV(Protocol):
     def iter_meta(self, prefix: str) -> Iterator[tuple[str, str]]:
         """Store-level settings whose key starts with ``prefix``."""
 
+    @abstractmethod
+    def swap_meta(self, key: str, expected: str | None, value: str | None) -> bool:
+        """Set (or with None delete) a setting only if it still holds ``expected`` (None:
+        only if it is absent), atomically with respect to every other writer of the store,
+        in this process or another; whether it did. A value several writers change (the
+        LangGraph saver's pending writes) is read, changed and swapped, and read again when
+        the swap fails, so that no writer's change overwrites another's."""
+
 
 class BlobRows(Protocol):
     """Inline blob rows (small contents, chunk lists, pack pointers), by digest."""

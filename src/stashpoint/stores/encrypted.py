@@ -78,10 +78,26 @@ class EncryptedLogs(ForwardingStore):
         ]
 
     def set_meta(self, key: str, value: str | None) -> None:
-        if value is not None and key not in PLAINTEXT:
-            sealed = self.cipher.seal(value.encode(), b"meta\0" + key.encode())
-            value = _SEALED_PREFIX + base64.b64encode(sealed).decode("ascii")
-        self.inner.set_meta(key, value)
+        self.inner.set_meta(key, self._seal_meta(key, value))
+
+    def swap_meta(self, key: str, expected: str | None, value: str | None) -> bool:
+        """The backend compares what it stores, and sealing the expected value again would
+        not give those bytes (a fresh nonce each time): the stored form is read, opened and
+        compared here, then swapped for the new one - one more read than a plain store."""
+        if key in PLAINTEXT:
+            return self.inner.swap_meta(key, expected, value)
+        stored = None
+        if expected is not None:
+            stored = self.inner.get_meta(key)
+            if self._open_meta(key, stored) != expected:
+                return False
+        return self.inner.swap_meta(key, stored, self._seal_meta(key, value))
+
+    def _seal_meta(self, key: str, value: str | None) -> str | None:
+        if value is None or key in PLAINTEXT:
+            return value
+        sealed = self.cipher.seal(value.encode(), b"meta\0" + key.encode())
+        return _SEALED_PREFIX + base64.b64encode(sealed).decode("ascii")
 
     def get_meta(self, key: str) -> str | None:
         return self._open_meta(key, self.inner.get_meta(key))

@@ -138,6 +138,19 @@ class FileStore(FileDir, MetadataStore):
                 meta[key] = value
             self._apply({"meta.json": _pretty(meta)})
 
+    def swap_meta(self, key: str, expected: str | None, value: str | None) -> bool:
+        with self._locked():
+            meta = self._read_json("meta.json", {})
+            now = meta.get(key)
+            if (now if isinstance(now, str) else None) != expected:
+                return False
+            if value is None:
+                meta.pop(key, None)
+            else:
+                meta[key] = value
+            self._apply({"meta.json": _pretty(meta)})
+            return True
+
     def iter_meta(self, prefix: str) -> Iterator[tuple[str, str]]:
         meta = self._read_json("meta.json", {})
         yield from sorted((k, v) for k, v in meta.items() if k.startswith(prefix))

@@ -111,6 +111,9 @@ class FormatV1Store(ForwardingStore):
     def set_meta(self, key: str, value: str | None) -> None:
         raise self._refused()
 
+    def swap_meta(self, key: str, expected: str | None, value: str | None) -> bool:
+        raise self._refused()
+
     def put_blobs(self, blobs: Sequence[BlobRow]) -> None:
         raise self._refused()
 

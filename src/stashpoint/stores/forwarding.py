@@ -57,6 +57,9 @@ class ForwardMetaKV(_Forwarder):
     def iter_meta(self, prefix: str) -> Iterator[tuple[str, str]]:
         return self.inner.iter_meta(prefix)
 
+    def swap_meta(self, key: str, expected: str | None, value: str | None) -> bool:
+        return self.inner.swap_meta(key, expected, value)
+
 
 class ForwardBlobRows(_Forwarder):
     def has_blobs(self, digests: Iterable[bytes]) -> set[bytes]:

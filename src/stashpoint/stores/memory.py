@@ -60,6 +60,13 @@ class MemoryStore(MetadataStore):
             else:
                 self._meta[key] = value
 
+    def swap_meta(self, key: str, expected: str | None, value: str | None) -> bool:
+        with self._lock:
+            if self._meta.get(key) != expected:
+                return False
+            self.set_meta(key, value)
+            return True
+
     def has_blobs(self, digests: Iterable[bytes]) -> set[bytes]:
         with self._lock:
             return {d for d in digests if d in self._blobs and d not in self._condemned}

@@ -17,6 +17,7 @@ empty store; every backend runs the same assertions::
 from __future__ import annotations
 
 import hashlib
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -102,6 +103,47 @@ class CoreConformance(_Tier):
         assert ms.get_meta("k") == "w"
         ms.set_meta("k", None)
         assert ms.get_meta("k") is None
+
+    def test_meta_swap_sets_only_over_the_expected_value(self, ms: MetadataStore) -> None:
+        assert ms.swap_meta("k", "v", "w") is False  # nothing there to be "v"
+        assert ms.get_meta("k") is None
+        assert ms.swap_meta("k", None, "v") is True  # None expected: only while absent
+        assert ms.swap_meta("k", None, "w") is False
+        assert ms.swap_meta("k", "x", "w") is False
+        assert ms.swap_meta("k", "", "w") is False  # an empty value is a value
+        assert ms.swap_meta("k", "vv", "w") is False  # compared whole, not as a prefix
+        assert ms.get_meta("k") == "v"
+        assert ms.swap_meta("k", "v", "w") is True
+        assert ms.get_meta("k") == "w"
+        assert ms.swap_meta("k", "v", None) is False
+        assert ms.get_meta("k") == "w"
+        assert ms.swap_meta("k", "w", None) is True  # None set: deleted
+        assert ms.get_meta("k") is None
+        assert ms.swap_meta("k", None, None) is True  # absent, as expected, and stays so
+        assert ms.swap_meta("e", None, "") is True
+        assert ms.get_meta("e") == ""
+        assert ms.swap_meta("e", None, "x") is False  # there, though empty
+        assert ms.swap_meta("e", None, None) is False
+        assert ms.swap_meta("e", "", "ünï ☃") is True
+        assert ms.get_meta("e") == "ünï ☃"
+
+    def test_meta_swaps_from_threads_lose_no_change(self, ms: MetadataStore) -> None:
+        """Each thread reads, adds one and swaps, again when its swap fails: every one of
+        the increments must land, as a set after a read would lose those made between."""
+
+        def bump(times: int) -> None:
+            for _ in range(times):
+                while True:
+                    now = ms.get_meta("n")
+                    if ms.swap_meta("n", now, str(int(now or 0) + 1)):
+                        break
+
+        threads = [threading.Thread(target=bump, args=(10,)) for _ in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert ms.get_meta("n") == "40"
 
     def test_blobs_are_idempotent_and_found(self, ms: MetadataStore) -> None:
         a, b = _blob(b"a" * 100), _blob("ünïcode".encode())

@@ -263,6 +263,12 @@ class EngineConformance:
             assert store.session_value("other", LANGGRAPH_PENDING) is None
             store.set_session_value("ops", LANGGRAPH_PENDING, None)
             assert store.session_value("ops", LANGGRAPH_PENDING) is None
+            assert store.swap_session_value("ops", LANGGRAPH_PENDING, None, "a") is True
+            assert store.swap_session_value("ops", LANGGRAPH_PENDING, None, "b") is False
+            assert store.swap_session_value("ops", LANGGRAPH_PENDING, "a", "b") is True
+            assert store.session_value("ops", LANGGRAPH_PENDING) == "b"
+            assert store.swap_session_value("ops", LANGGRAPH_PENDING, "b", None) is True
+            assert store.session_value("ops", LANGGRAPH_PENDING) is None
             with store.lease("ops", ttl=30, owner="holder") as lease:
                 with pytest.raises(LeaseHeld):  # an unfenced head move waits for the lease
                     store.start_branch("ops", "stray", two.id)

@@ -31,10 +31,13 @@ How LangGraph's model maps onto stashpoint's:
   zstd-compressed with a fixed dictionary of LangChain's message envelope.
 - **Pending writes.** ``put_writes`` is durable at once, in one store-level key per thread
   (``langgraph:pending:<session>``, with a MAC from the store's hasher: keyed when the store
-  is), with LangGraph's rules (special channels replace, others keep the first write). When
-  the next checkpoint of that line is put, the writes move into it; a write that is the very
-  messages the new checkpoint appended is kept as a reference to them, so a step's messages
-  are stored once, not twice.
+  is), with LangGraph's rules (special channels replace, others keep the first write).
+  The key is changed by compare-and-set, so savers in several processes writing to one
+  thread at once lose none of each other's writes; a saver alone on its thread makes one
+  store round trip per ``put_writes`` (two on an encrypted store). When the next checkpoint
+  of that line is put, the writes move into it; a write that is the very messages the new
+  checkpoint appended is kept as a reference to them, so a step's messages are stored once,
+  not twice.
 - **Deleting.** stashpoint records are never removed (their digests chain). ``delete_thread``,
   ``delete_for_runs`` and ``prune`` hide checkpoints from LangGraph and mark their records
   pruned, so ``stashpoint gc`` frees what only they used; a branch whose head goes first gets

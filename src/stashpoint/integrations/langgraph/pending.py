@@ -1,14 +1,23 @@
 """Pending writes: durable at once in one session value per thread (with a MAC from the
-store's hasher), merged with another process's, and moved into the next checkpoint."""
+store's hasher), merged with another process's, and moved into the next checkpoint.
+
+The value is changed by a swap (compare-and-set) against what this saver last read or wrote:
+another saver's writes stored meanwhile fail it, are read in, and the change is made again
+on top of them. LangGraph's own savers insert one row per write and lose none; a plain set
+of the whole value would drop the writes another process stored between our read and our
+set. In the common case - this saver alone on the thread - the swap is the one round trip,
+with no read before it.
+"""
 
 from __future__ import annotations
 
 import base64
 import builtins
 import json
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from ...errors import IntegrityError
+from ...errors import ConflictError, IntegrityError
 from ...metakeys import LANGGRAPH_PENDING
 from .reading import Reader
 from .records import CpKey, Ref, Value, Write, WriteKey, untext
@@ -69,21 +78,48 @@ def _parse_pending(
     return out
 
 
-def _save_pending(self: StashpointSaver, th: Thread) -> None:
+PendingMap = dict[CpKey, dict[WriteKey, Write]]
+
+_SWAP_TRIES = 64
+"""Swaps tried before giving up: each failed one means another writer's succeeded."""
+
+
+def _update_pending(
+    self: StashpointSaver, th: Thread, change: Callable[[PendingMap], bool]
+) -> None:
+    """Apply ``change`` to a copy of the thread's pending writes (it returns whether it
+    changed anything) and swap the stored value for it. A failed swap means another
+    saver stored writes since we last looked: they are read in (ours stay) and ``change``
+    is applied again to the merged set, so that regular channels still keep the write
+    stored first; ``th.pending`` changes only once the store holds the new value."""
+    for _ in range(_SWAP_TRIES):
+        pending = {key: dict(writes) for key, writes in th.pending.items()}
+        if not change(pending):
+            return
+        raw = _encode_pending(self, pending)
+        if raw == th.pending_raw or self.store.swap_session_value(
+            th.session, LANGGRAPH_PENDING, th.pending_raw, raw
+        ):
+            th.pending, th.pending_raw = pending, raw
+            return
+        self._merge_stored_pending(th)
+    raise ConflictError(
+        f"the pending LangGraph writes of {th.session} changed under each of {_SWAP_TRIES} "
+        "tries to store these: other writers keep changing them; these were not stored"
+    )
+
+
+def _encode_pending(self: StashpointSaver, pending: PendingMap) -> str | None:
+    """The stored form of a thread's pending writes (None: there are none)."""
     rows = [
         [ns, cpid, w.task, w.idx, w.channel, w.path, _to_json(w.value)]
-        for (ns, cpid), writes in th.pending.items()
+        for (ns, cpid), writes in pending.items()
         for w in writes.values()
     ]
     if not rows:
-        if th.pending_raw is not None:
-            self.store.set_session_value(th.session, LANGGRAPH_PENDING, None)
-            th.pending_raw = None
-        return
+        return None
     body = json.dumps(rows, separators=(",", ":"))
-    raw = json.dumps({"w": body, "mac": self.store.hasher.digest(body.encode())})
-    self.store.set_session_value(th.session, LANGGRAPH_PENDING, raw)
-    th.pending_raw = raw
+    return json.dumps({"w": body, "mac": self.store.hasher.digest(body.encode())})
 
 
 def _materialize(
@@ -109,7 +145,7 @@ class PendingWrites:
     _writes_of = _writes_of
     _merge_stored_pending = _merge_stored_pending
     _parse_pending = _parse_pending
-    _save_pending = _save_pending
+    _update_pending = _update_pending
     _materialize = _materialize
 
 

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 
 from ...langgraph_format import RECORD_META as _META
 from ...session import Session
+from .pending import PendingMap
 from .reading import Reader
 from .records import Write
 from .threads import Thread
@@ -48,6 +49,7 @@ def _remove(
     """
     reader = Reader(self)
     gone = {key for key, e in th.entries.items() if e.id in doomed}
+    back: PendingMap = {}
     if not everything:
         for key, holders in th.holders.items():
             if key in gone or key not in th.entries:
@@ -59,13 +61,21 @@ def _remove(
                     if target != key:
                         continue
                     value = self._materialize(th, w, reader)
-                    th.pending.setdefault(key, {}).setdefault(
+                    back.setdefault(key, {}).setdefault(
                         (w.task, w.idx), Write(w.task, w.idx, w.channel, w.path, value)
                     )
-    for key in builtins.list(th.pending):
-        if everything or key in gone:
-            del th.pending[key]
-    self._save_pending(th)
+
+    def change(pending: PendingMap) -> bool:
+        for key, writes in back.items():
+            mine = pending.setdefault(key, {})
+            for wk, w in writes.items():
+                mine.setdefault(wk, w)
+        for key in builtins.list(pending):
+            if everything or key in gone:
+                del pending[key]
+        return True
+
+    self._update_pending(th, change)
     for branch, head in self.store.branches(th.session).items():
         if head not in th.removed and (everything or head in doomed):
             Session(self.store, th.session, branch=branch, redact=False).checkpoint(

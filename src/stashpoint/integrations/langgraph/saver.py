@@ -31,7 +31,7 @@ from .framework import (
     get_checkpoint_id,
     get_serializable_checkpoint_metadata,
 )
-from .pending import PendingWrites
+from .pending import PendingMap, PendingWrites
 from .reading import Reader, Reading, Views
 from .records import Entry, Serializing, Write
 from .removing import Removing
@@ -232,23 +232,26 @@ class StashpointSaver(
         conf = config["configurable"]
         key = (str(conf.get("checkpoint_ns") or ""), str(conf["checkpoint_id"]))
         th = self._thread(str(conf["thread_id"]), check=False)
-        with th.lock:
-            self._merge_stored_pending(th)
+        encoded: dict[int, bytes | builtins.list[bytes]] = {}  # once, whatever the retries
+
+        def add(pending: PendingMap) -> bool:
             have = self._writes_of(th, key, Reader(self)) if key in th.holders else {}
-            mine = th.pending.setdefault(key, {})
+            mine = pending.setdefault(key, {})
             changed = False
             for i, (channel, value) in enumerate(writes):
                 idx = WRITES_IDX_MAP.get(channel, i)
                 if idx >= 0 and ((task_id, idx) in have or (task_id, idx) in mine):
                     continue  # regular channels keep the first write, as in LangGraph's savers
-                mine[(task_id, idx)] = Write(
-                    task_id, idx, channel, task_path, self._encode_write(value)
-                )
+                if i not in encoded:
+                    encoded[i] = self._encode_write(value)
+                mine[(task_id, idx)] = Write(task_id, idx, channel, task_path, encoded[i])
                 changed = True
             if not mine:
-                del th.pending[key]
-            if changed:
-                self._save_pending(th)
+                del pending[key]
+            return changed
+
+        with th.lock:
+            self._update_pending(th, add)
 
     def delete_thread(self, thread_id: str) -> None:
         th = self._thread(str(thread_id), check=True)
@@ -282,10 +285,14 @@ class StashpointSaver(
             reader = Reader(self)
             for e in sorted(src.entries.values(), key=lambda x: x.id):
                 self._copy_entry(dst, e, reader)
-            for key, writes in src.pending.items():
-                if key in src.entries:
-                    dst.pending.setdefault(key, {}).update(writes)
-            self._save_pending(dst)
+
+            def copy(pending: PendingMap) -> bool:
+                for key, writes in src.pending.items():
+                    if key in src.entries:
+                        pending.setdefault(key, {}).update(writes)
+                return True
+
+            self._update_pending(dst, copy)
 
     def prune(self, thread_ids: Sequence[str], *, strategy: str = "keep_latest") -> None:
         """``keep_latest`` raises ``NotImplementedError`` (and prunes nothing) when a thread
