@@ -615,7 +615,10 @@ def fork(
     """
     target = self.get(ref)
     check_not_pruned(self.store, target)
-    branch = branch or f"fork-{target.id[-8:].lower()}"
+    if not branch:  # the first free one of fork-<id>, fork-<id>-2, ...
+        base, taken = f"fork-{target.id[-8:].lower()}", set(self.store.meta.branches(self.name))
+        names = [base, *(f"{base}-{n}" for n in range(2, len(taken) + 2))]
+        branch = next(b for b in names if b not in taken)
     _check_name("branch", branch)
     if into is not None:
         dest = Path(into).resolve()

@@ -22,6 +22,10 @@ from .workspace.tree import TreeReader
 
 __all__ = ["VerifyReport", "verify_store"]
 
+LISTED = 100
+"""Damaged files named per checkpoint, the rest counted: a store whose objects were lost
+would otherwise list every file of every checkpoint."""
+
 
 @dataclass
 class VerifyReport:
@@ -55,6 +59,7 @@ class _Verifier:
         self.progress = progress
         self.reader = TreeReader(store.blobs)
         self.seen_blobs: dict[bytes, str | None] = {}  # digest -> error message or None
+        self.seen_trees: dict[bytes, tuple[list[tuple[str, str]], int]] = {}
         self.logs: dict[str, LogInfo] = dict(store.meta.iter_logs())
         self.chains: dict[str, list[str] | str] = {}  # log -> chain hex per own row, or error
 
@@ -156,9 +161,17 @@ class _Verifier:
             if err:
                 self.problem(f"checkpoint {cp.id}: state value {key!r}: {err}", cp.id, cp.session)
         if cp.workspace is not None:
-            err = self.tree(bytes.fromhex(cp.workspace.tree))
-            if err:
-                self.problem(f"checkpoint {cp.id}: workspace: {err}", cp.id, cp.session)
+            damaged, count = self.tree(bytes.fromhex(cp.workspace.tree))
+            for path, err in damaged:
+                where = f"{path}: " if path else ""
+                self.problem(f"checkpoint {cp.id}: workspace: {where}{err}", cp.id, cp.session)
+            if count > len(damaged):
+                self.problem(
+                    f"checkpoint {cp.id}: workspace: {count - len(damaged)} more damaged "
+                    f"file(s) (the first {len(damaged)} are named)",
+                    cp.id,
+                    cp.session,
+                )
         for name, art in cp.artifacts.items():
             err = self.blob(bytes.fromhex(art.digest))
             if err:
@@ -179,27 +192,33 @@ class _Verifier:
             self.progress(self.report.blobs, self.report.bytes)
         return err
 
-    def tree(self, digest: bytes) -> str | None:
-        if digest in self.seen_blobs:
-            return self.seen_blobs[digest]
-        err = None
+    def tree(self, digest: bytes) -> tuple[list[tuple[str, str]], int]:
+        """The damaged entries below a directory: (path, why) for the first ``LISTED`` of them
+        (a path of "" is the directory object itself), and how many there are in all."""
+        seen = self.seen_trees.get(digest)
+        if seen is not None:
+            return seen
+        damaged: list[tuple[str, str]] = []
+        count = 0
         try:
             entries = self.reader.load(digest)
             self.report.blobs += 1
             for e in entries.values():
-                sub = (
-                    self.tree(e.ref)
-                    if e.kind == "d"
-                    else self.blob(e.ref)
-                    if e.kind == "f"
-                    else None
-                )
-                if sub is not None and err is None:
-                    err = f"{e.name.decode('utf-8', 'replace')}: {sub}"
+                name = e.name.decode("utf-8", "replace")
+                if e.kind == "d":
+                    below, n = self.tree(e.ref)
+                    count += n
+                    damaged += [(f"{name}/{p}" if p else name, why) for p, why in below]
+                elif e.kind == "f":
+                    err = self.blob(e.ref)
+                    if err is not None:
+                        count += 1
+                        damaged.append((name, err))
+                del damaged[LISTED:]
         except (IntegrityError, NotFoundError) as exc:
-            err = str(exc)
-        self.seen_blobs[digest] = err
-        return err
+            damaged, count = [("", str(exc))], 1
+        self.seen_trees[digest] = (damaged, count)
+        return damaged, count
 
     def conversation(self, log: str, length: int, expected: str) -> str | None:
         """None if the first ``length`` messages of ``log`` hash to ``expected``, else why not."""

@@ -248,6 +248,20 @@ def _exit_user() -> NoReturn:
     sys.exit(EXIT_USER)
 
 
+def _cwd_gone(exc: OSError) -> bool:
+    """Whether ``exc`` is the current directory having been removed under the shell (the
+    error names no file: only "No such file or directory")."""
+    import os
+
+    if not isinstance(exc, FileNotFoundError) or exc.filename is not None:
+        return False
+    try:
+        os.getcwd()
+    except FileNotFoundError:
+        return True
+    return False
+
+
 def main(argv: list[str] | None = None) -> None:
     """Entry point: maps every failure to the documented exit code."""
     import warnings
@@ -275,6 +289,13 @@ def main(argv: list[str] | None = None) -> None:
             click.echo(f"error: {exc}", err=True)
             sys.exit(exc.exit_code)
         if isinstance(exc, OSError):  # a full disk, a permission: a message, not a traceback
+            if _cwd_gone(exc):
+                click.echo(
+                    "error: the current directory no longer exists (it was deleted or moved); "
+                    "cd to a directory that exists and run the command again",
+                    err=True,
+                )
+                _exit_user()
             where = f" ({exc.filename})" if exc.filename else ""
             click.echo(f"error: {exc.strerror or exc}{where}", err=True)
             _exit_user()

@@ -84,7 +84,7 @@ class Ctx:
         if not create:
             raise click.ClickException(
                 f"no stashpoint store in {start} or above; run `stashpoint init` (or "
-                "`stashpoint snap`, which creates one), or pass --store URL"
+                "`stashpoint snap`, which creates one), or pass --store URL" + self._here_hint()
             )
         from ..workspace import check_root
 
@@ -92,6 +92,20 @@ class Ctx:
         # command would be found by discovery from every directory below it.
         check_root(start, force=self.force)
         return str(start / STORE_DIR), start, None, None
+
+    def _here_hint(self) -> str:
+        """-C DIR moves the search for the store too: name the one found here, if any."""
+        if self.workspace is None:
+            return ""
+        here = discover(Path.cwd())
+        if here is None:
+            return ""
+        import shlex
+
+        return (
+            f" (-C looks for the store from {self.workspace}; to use the one found here: "
+            f"stashpoint --store {shlex.quote(here[0])} -C {shlex.quote(self.workspace)} ...)"
+        )
 
     def store(self, *, create: bool = False) -> Store:
         if self._store is None:

@@ -7,10 +7,11 @@ from typing import TYPE_CHECKING
 
 import click
 
-from ._app import Ctx, emit, json_option, pass_ctx, short, size_text
+from ._app import STORE_DIR, Ctx, emit, json_option, pass_ctx, short, size_text
 from ._progress import ByteProgress
 
 if TYPE_CHECKING:
+    from .._store import Store
     from ..bundle import Bundle
 
 # Library modules are imported inside the commands, not here: every CLI run (``--help``
@@ -151,8 +152,9 @@ def import_cmd(
     you trust with --max-size, --max-files, --max-depth and --max-path.
 
     The directory a bundle's files were snapshotted in is the sender's: it never decides
-    where files are written here. Restore them by naming a directory: --into DIR, `stashpoint
-    fork ID --into DIR`, or `stashpoint -C DIR rewind ID`.
+    where files are written here. Restore them by naming a directory: --into DIR (`--into .`
+    for the directory the store is in), `stashpoint fork ID --into DIR`, or `stashpoint
+    --store .stashpoint -C DIR rewind ID`.
 
     \b
     Example:
@@ -182,12 +184,15 @@ def import_cmd(
         bundle = read_bundle(file, hasher=hasher, limits=limits, progress=progress)
     with bundle:
         branch = _into_branch(bundle, into) if into is not None else None
+        beside_store = False
         if not dry_run:
             url, root, _s, _b = ctx.locate(create=True)
             if not ctx.store_url and not Path(url).exists():
                 from ..workspace import check_root
 
                 check_root(root, force=ctx.force)  # same rule as `snap` creating a store here
+            if into is not None:  # refused before the store is created or anything imported
+                beside_store = _into_store_dir(Path(into).resolve(), url)
         else:
             try:
                 ctx.locate()  # a dry run never creates a store
@@ -201,7 +206,10 @@ def import_cmd(
             )
     where = None
     if branch is not None and into is not None and not dry_run:
-        where = str(store.session(rep.session, branch=branch).materialize(into).root)
+        if beside_store:
+            where = _restore_beside_store(store, rep.session, branch, Path(into).resolve())
+        else:
+            where = str(store.session(rep.session, branch=branch).materialize(into).root)
     data = {**rep.to_dict(), "workspace": where}
     heads = ", ".join(f"{b} -> {short(h['head'])} ({h['action']})" for b, h in rep.heads.items())
     verb = "would import" if dry_run else "imported"
@@ -211,7 +219,12 @@ def import_cmd(
         f"{verb} into session {rep.session!r}: {rep.checkpoints} checkpoint(s)"
         + (f" ({rep.present} already here)" if rep.present else "")
         + f", {rep.logs} log(s), {rep.objects} objects ({size_text(rep.bytes)}); branches: {heads}"
-        + (f"; files of {branch!r} written to {where}" if where else ""),
+        + (f"; files of {branch!r} written to {where}" if where else "")
+        + (
+            f"; use it there with --session {rep.session}"
+            if beside_store and where and rep.session != "main"
+            else ""
+        ),
     )
 
 
@@ -225,6 +238,32 @@ def _into_branch(bundle: Bundle, into: str) -> str:
             "`stashpoint fork ID --into DIR` the one you want"
         )
     dest = Path(into).resolve()
-    if dest.exists() and (not dest.is_dir() or any(dest.iterdir())):
+    if dest.exists() and (not dest.is_dir() or _entries(dest) not in ([], [STORE_DIR])):
         raise click.UsageError(f"--into {dest}: exists and is not an empty directory")
     return branch
+
+
+def _entries(dest: Path) -> list[str]:
+    return sorted(p.name for p in dest.iterdir())
+
+
+def _into_store_dir(dest: Path, url: str) -> bool:
+    """Whether ``--into`` names the directory this (local) store is kept in, which holds
+    nothing else: ``import FILE --into .`` in an empty directory, where the store is created.
+    A directory that holds some other store, or a link file, is refused."""
+    from ..urls import parse_store_url
+
+    path = parse_store_url(url).path
+    mine = path is not None and path.resolve() == dest / STORE_DIR
+    if not mine and dest.is_dir() and _entries(dest):
+        raise click.UsageError(f"--into {dest}: exists and is not an empty directory")
+    return mine
+
+
+def _restore_beside_store(store: Store, session: str, branch: str, dest: Path) -> str:
+    """The imported branch's head written into the directory the store is in, which is then
+    bound to the branch (as ``stashpoint -C DIR rewind HEAD`` does: a fork's directory gets a
+    link file to its store, and this one is the store's own)."""
+    restored = store.session(session, branch=branch, workspace=dest, bind=True)
+    restored.rewind("HEAD")
+    return str(restored.root)

@@ -431,6 +431,16 @@ def diff(ctx: Ctx, a: str, b: str, stat: bool, full: bool) -> None:
         click.echo("".join(_content_line(t) + "\n" for t in lines), nl=False)
 
 
+def _keep_hooks_option(f: Any) -> Any:
+    return click.option(
+        "--no-keep-hooks",
+        "no_keep_hooks",
+        is_flag=True,
+        help="Restore the agent's settings file exactly as the checkpoint has it, without "
+        "merging back stashpoint's hooks (stashpoint hooks install) it lacks.",
+    )(f)
+
+
 @click.command()
 @click.argument("ref")
 @click.option("--files-only", is_flag=True, help="Restore files; keep the current state.")
@@ -469,6 +479,7 @@ def diff(ctx: Ctx, a: str, b: str, stat: bool, full: bool) -> None:
     metavar="NAME[=PATH]",
     help="Put back one artifact (optionally to another path). Repeatable.",
 )
+@_keep_hooks_option
 @json_option
 @pass_ctx
 def rewind(
@@ -481,16 +492,20 @@ def rewind(
     artifact_specs: tuple[str, ...],
     artifacts_to: str | None,
     recorded_paths: bool,
+    no_keep_hooks: bool,
 ) -> None:
     """Go back to a checkpoint: files and state (default), or only one of them.
 
     A safety checkpoint of the current workspace is taken first, so a rewind can always be
     undone: `stashpoint rewind <safety id>`. Ignored files are never touched. External
     effects recorded after the target (messages sent, deployments) cannot be undone by a
-    rewind: they are listed; --compensate asks for their compensations.
+    rewind: they are listed; --compensate asks for their compensations. Hooks installed
+    with `stashpoint hooks install` stay installed, even when the checkpoint is older than
+    them (--no-keep-hooks: restore the agent's settings file exactly as it was).
 
     Files are restored only into the directory the session's checkpoints were taken in;
-    to restore into another one, name it: `stashpoint -C DIR rewind REF`.
+    to restore into another one, name it, with the store (-C alone also looks for the
+    store from DIR): `stashpoint --store .stashpoint -C DIR rewind REF`, run in the project.
 
     \b
     Example:
@@ -504,6 +519,9 @@ def rewind(
         _artifact_spec(s, need_path=False) for s in artifact_specs
     )
     session = ctx.session()
+    from .hook_keep import hooks_after, hooks_before, kept_text
+
+    hooked = [] if no_keep_hooks or state_only else hooks_before(session)
     with ByteProgress("artifacts", enabled=bool(artifacts) and not ctx.json) as progress:
         result = session.rewind(
             ref,
@@ -515,6 +533,7 @@ def rewind(
             artifacts_to=artifacts_to,
             recorded_paths=recorded_paths,
         )
+    kept_hooks = hooks_after(session, hooked)
     stats = result.files
     data = {
         "target": _cp_json(session, result.target),
@@ -529,6 +548,7 @@ def rewind(
         "artifacts": sorted(result.artifacts),
         "artifact_paths": result.artifacts,
         "undo": result.undo,
+        "kept_hooks": kept_hooks,
     }
     changed = (
         f"{stats.written} written, {stats.deleted} deleted" if stats is not None else "no files"
@@ -545,37 +565,103 @@ def rewind(
             "resumes (stashpoint resume)"
             if data["compensation_pending"]
             else ""
-        ),
+        )
+        + kept_text(kept_hooks),
     )
 
 
 @click.command()
 @click.argument("ref")
-@click.option("-b", "--branch", help="Name of the new branch (default: fork-<id>).")
+@click.option(
+    "-b",
+    "--branch",
+    help="Name of the new branch (default: fork-<id>; fork-<id>-2 ... when that is taken).",
+)
 @click.option(
     "--into",
     type=click.Path(file_okay=False),
     help="Materialise the checkpoint in this (new or empty) directory instead of here.",
 )
+@_keep_hooks_option
 @json_option
 @pass_ctx
-def fork(ctx: Ctx, ref: str, branch: str | None, into: str | None) -> None:
+def fork(ctx: Ctx, ref: str, branch: str | None, into: str | None, no_keep_hooks: bool) -> None:
     """Start a new branch from a checkpoint, here or in another directory.
+
+    Forked here (without --into), this workspace's files become the checkpoint's, after a
+    safety checkpoint; stashpoint's agent hooks stay installed, as with rewind.
 
     \b
     Example (A/B run on identical state):
       stashpoint fork HEAD~3 --branch try-b --into ../repo-b
       cd ../repo-b && stashpoint snap -m "b: first step"
     """
+    from .hook_keep import hooks_after, hooks_before, kept_text
+
     session = ctx.session()
     target = session.get(ref)
+    if into is not None:
+        _check_fork_into(session, Path(into).resolve())  # before the branch name is judged
+    hooked = [] if no_keep_hooks or into is not None else hooks_before(session)
     new = session.fork(target.id, branch, into=into)
+    kept_hooks = hooks_after(new, hooked)
     where = str(new.root) if new.root else "(no workspace)"
     emit(
         ctx,
-        {"branch": new.branch, "from": _cp_json(session, target), "workspace": where},
-        f"branch {new.branch!r} starts at {short(target.id)} in {where}",
+        {
+            "branch": new.branch,
+            "from": _cp_json(session, target),
+            "workspace": where,
+            "kept_hooks": kept_hooks,
+        },
+        f"branch {new.branch!r} starts at {short(target.id)} in {where}" + kept_text(kept_hooks),
     )
+
+
+def _check_fork_into(session: Session, dest: Path) -> None:
+    """Refuse a ``--into`` directory that is neither new nor empty, saying why: one a killed
+    fork left behind (its link file, a restore not finished, files already written) is
+    finished by the next command run inside it; only a bare link file is finished here."""
+    if not dest.exists():
+        return
+    if not dest.is_dir():
+        raise click.UsageError(f"--into {dest}: exists and is not a directory")
+    entries = sorted(p.name for p in dest.iterdir())
+    if not entries:
+        return
+    link = _unfinished_fork(session, dest)
+    if link is not None and entries == [STORE_DIR]:
+        return  # killed before any file was written: the fork itself finishes it
+    if link is not None:
+        import shlex
+
+        raise click.UsageError(
+            f"--into {dest}: it holds a fork to branch {link!r} that was interrupted; any "
+            f"stashpoint command run inside it finishes it: cd {shlex.quote(str(dest))} && "
+            "stashpoint log"
+        )
+    raise click.UsageError(f"--into {dest}: exists and is not an empty directory")
+
+
+def _unfinished_fork(session: Session, dest: Path) -> str | None:
+    """The branch of a fork into ``dest`` from this store that has not finished, if any."""
+    import json
+
+    from ..metakeys import restore_journal_key
+
+    home = session.store.home
+    try:
+        link = json.loads((dest / STORE_DIR).read_text())
+    except (OSError, ValueError):
+        return None
+    if (
+        home is None
+        or not isinstance(link, dict)
+        or link.get("store") != str(home)
+        or session.store.meta.get_meta(restore_journal_key(dest)) is None
+    ):
+        return None
+    return str(link.get("branch"))
 
 
 @click.command()
@@ -600,6 +686,10 @@ def label(ctx: Ctx, ref: str, name: str | None, delete: bool) -> None:
         {"id": cp.id, "label": None if delete else name},
         f"{short(cp.id)} " + ("unlabelled" if delete else f"labelled {name!r}"),
     )
+
+
+_PROBLEMS_SHOWN = 50
+"""Problems verify prints one per line; the JSON output has all of them."""
 
 
 @click.command()
@@ -668,8 +758,14 @@ def verify(ctx: Ctx, mirror: str | None, witness: bool) -> None:
             )
     emit(ctx, out)
     if not ctx.json:
-        for p in report.problems:
+        for p in report.problems[:_PROBLEMS_SHOWN]:
             click.echo(click.style("damaged: ", fg="red") + p.message, err=True)
+        if len(report.problems) > _PROBLEMS_SHOWN:
+            click.echo(
+                f"... and {len(report.problems) - _PROBLEMS_SHOWN} more "
+                "(stashpoint verify --json lists every one)",
+                err=True,
+            )
         click.echo(
             f"{report.checkpoints} checkpoints, {report.blobs} blobs "
             f"({size_text(report.bytes)}) checked (store format {store.format}): "

@@ -102,7 +102,7 @@ def hook_command(ctx: Ctx, agent: str, prefix: str | None) -> str:
     return " ".join(parts)
 
 
-def _is_ours(command: Any, agent: str) -> bool:
+def is_ours(command: Any, agent: str) -> bool:
     return (
         isinstance(command, str)
         and re.search(rf"\bhooks\s+run\s+{agent}(\s|$)", command) is not None
@@ -145,7 +145,7 @@ def remove_json_hooks(data: dict[str, Any], agent: str) -> int:
             kept = [
                 h
                 for h in handlers
-                if not (isinstance(h, dict) and _is_ours(h.get("command"), agent))
+                if not (isinstance(h, dict) and is_ours(h.get("command"), agent))
             ]
             removed += len(handlers) - len(kept)
             if kept or not handlers:
