@@ -551,12 +551,10 @@ def _complete(self: Session, journal: dict[str, Any]) -> bool:
 def _keep_work_since(
     self: Session, journal: dict[str, Any], safety: Checkpoint | None
 ) -> Checkpoint | None:
-    """Before an interrupted restore is finished: if a file in the workspace now holds
-    what neither its target nor its safety checkpoint has (work done after the
-    interruption, while the restore could not finish), record the workspace first, so that
-    finishing the restore loses none of it. That checkpoint then stands for the safety
-    checkpoint: the undo point, and what a failure puts back. Returns the checkpoint the
-    restore is finished from."""
+    """Before an interrupted restore is finished: if a file now holds what neither its
+    target nor its safety checkpoint has (work done since the interruption), record the
+    workspace first, and finish from that checkpoint (the undo point, what a failure puts
+    back) so that none of that work is lost."""
     if not journal.get("files") or self.workspace is None:
         return safety
     target = self.store.get(journal["target"])
@@ -625,6 +623,7 @@ def fork(
         resumed = self._resume_fork_into(dest, branch)
         if resumed is not None:
             return resumed
+        self._check_fork_into(dest)  # before the branch name is judged: the likelier mistake
     if branch in self.store.meta.branches(self.name):
         raise UsageError(f"branch {branch!r} already exists in session {self.name!r}")
     files = self.workspace is not None and target.workspace is not None
@@ -706,20 +705,53 @@ def _materialise(self: Session, dest: Path, target: Checkpoint, branch: str) -> 
 def _resume_fork_into(self: Session, dest: Path, branch: str) -> Session | None:
     """A ``fork --into`` killed after writing ``dest``'s link file: finish it (opening a
     session there completes its journal) instead of refusing a non-empty directory."""
-    link = dest / _LINK_FILE
-    if self.store.home is None or not link.is_file():
-        return None
     try:
         if [p.name for p in dest.iterdir()] != [_LINK_FILE]:
             return None
-        data = json.loads(link.read_text())
-    except (OSError, ValueError):
+    except OSError:
         return None
-    mine = {"store": str(self.store.home), "session": self.name, "branch": branch}
-    if data != mine or self.store.meta.get_meta(restore_journal_key(dest)) is None:
+    if self._unfinished_fork_in(dest) != {"session": self.name, "branch": branch}:
         return None
     other = type(self)(self.store, self.name, workspace=dest, branch=branch, force=True, bind=True)
     return other if other.head is not None else None
+
+
+def _check_fork_into(self: Session, dest: Path) -> None:
+    """Refuse a fork's ``into`` that is neither new nor empty, saying why: a directory a
+    killed fork left behind is finished by the next command run inside it."""
+    if not dest.exists():
+        return
+    if not dest.is_dir():
+        raise UsageError(f"{dest} exists and is not a directory")
+    if not any(dest.iterdir()):
+        return
+    link = self._unfinished_fork_in(dest)
+    if link is not None:
+        import shlex
+
+        raise UsageError(
+            f"{dest} holds a fork to branch {link['branch']!r} that was interrupted; any "
+            f"stashpoint command run inside it finishes it: cd {shlex.quote(str(dest))} && "
+            "stashpoint log"
+        )
+    raise UsageError(f"{dest} exists and is not an empty directory")
+
+
+def _unfinished_fork_in(self: Session, dest: Path) -> dict[str, str] | None:
+    """Session and branch of a fork into ``dest`` from this store that has not finished."""
+    try:
+        link = json.loads((dest / _LINK_FILE).read_text())
+    except (OSError, ValueError):
+        return None
+    home = self.store.home
+    if (
+        home is None
+        or not isinstance(link, dict)
+        or link.get("store") != str(home)
+        or self.store.meta.get_meta(restore_journal_key(dest)) is None
+    ):
+        return None
+    return {"session": str(link.get("session")), "branch": str(link.get("branch"))}
 
 
 def _write_link_file(self: Session, dest: Path, branch: str) -> None:
@@ -750,6 +782,8 @@ class Restoring:
     _fresh_head = _fresh_head
     _finish_rewind = _finish_rewind
     _keep_work_since = _keep_work_since
+    _check_fork_into = _check_fork_into
+    _unfinished_fork_in = _unfinished_fork_in
     _drop_safety = _drop_safety
     _roll_back = _roll_back
     _restore_artifacts = _restore_artifacts

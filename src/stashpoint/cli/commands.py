@@ -600,8 +600,6 @@ def fork(ctx: Ctx, ref: str, branch: str | None, into: str | None, no_keep_hooks
 
     session = ctx.session()
     target = session.get(ref)
-    if into is not None:
-        _check_fork_into(session, Path(into).resolve())  # before the branch name is judged
     hooked = [] if no_keep_hooks or into is not None else hooks_before(session)
     new = session.fork(target.id, branch, into=into)
     kept_hooks = hooks_after(new, hooked)
@@ -616,52 +614,6 @@ def fork(ctx: Ctx, ref: str, branch: str | None, into: str | None, no_keep_hooks
         },
         f"branch {new.branch!r} starts at {short(target.id)} in {where}" + kept_text(kept_hooks),
     )
-
-
-def _check_fork_into(session: Session, dest: Path) -> None:
-    """Refuse a ``--into`` directory that is neither new nor empty, saying why: one a killed
-    fork left behind (its link file, a restore not finished, files already written) is
-    finished by the next command run inside it; only a bare link file is finished here."""
-    if not dest.exists():
-        return
-    if not dest.is_dir():
-        raise click.UsageError(f"--into {dest}: exists and is not a directory")
-    entries = sorted(p.name for p in dest.iterdir())
-    if not entries:
-        return
-    link = _unfinished_fork(session, dest)
-    if link is not None and entries == [STORE_DIR]:
-        return  # killed before any file was written: the fork itself finishes it
-    if link is not None:
-        import shlex
-
-        raise click.UsageError(
-            f"--into {dest}: it holds a fork to branch {link!r} that was interrupted; any "
-            f"stashpoint command run inside it finishes it: cd {shlex.quote(str(dest))} && "
-            "stashpoint log"
-        )
-    raise click.UsageError(f"--into {dest}: exists and is not an empty directory")
-
-
-def _unfinished_fork(session: Session, dest: Path) -> str | None:
-    """The branch of a fork into ``dest`` from this store that has not finished, if any."""
-    import json
-
-    from ..metakeys import restore_journal_key
-
-    home = session.store.home
-    try:
-        link = json.loads((dest / STORE_DIR).read_text())
-    except (OSError, ValueError):
-        return None
-    if (
-        home is None
-        or not isinstance(link, dict)
-        or link.get("store") != str(home)
-        or session.store.meta.get_meta(restore_journal_key(dest)) is None
-    ):
-        return None
-    return str(link.get("branch"))
 
 
 @click.command()
