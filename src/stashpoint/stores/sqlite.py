@@ -28,7 +28,7 @@ from ..errors import (
     StoreError,
 )
 from ._sql import TABLES, TABLES_V2, TABLES_V3, TABLES_V4, SqlStore, _log_info
-from .base import Commit, GcEpochChanged, LogAppend, LogInfo, MessageRow
+from .base import BlobRow, Commit, GcEpochChanged, LogAppend, LogInfo, MessageRow
 
 try:
     import fcntl
@@ -147,6 +147,11 @@ def _blob(data: bytes) -> bytearray:
     AttributeError built and dropped, ~1-3k CPU instructions a value); a ``bytearray`` is
     bound as it is. Stored the same: a BLOB of the same bytes."""
     return bytearray(data)
+
+
+_BLOB_COPY_MAX = 64 << 10
+"""Larger BLOB parameters are bound as ``bytes``: copying them would cost more than the
+adapter protocol's lookups it saves (see :func:`_blob`)."""
 
 
 class SqliteStore(SqlStore):
@@ -331,6 +336,16 @@ class SqliteStore(SqlStore):
                     pass
         finally:
             os.close(fd)
+
+    def _digest_params(self, digests: list[bytes]) -> Sequence[Any]:
+        return [bytearray(d) for d in digests]  # see _blob
+
+    def _blob_params(self, blobs: Sequence[BlobRow]) -> list[Sequence[Any]]:
+        big = _BLOB_COPY_MAX
+        return [
+            (bytearray(d), codec, size, data if len(data) > big else bytearray(data))
+            for d, codec, size, data in blobs
+        ]
 
     def _read(self, sql: str, args: Sequence[Any] = ()) -> list[Any]:
         with self._lock:
