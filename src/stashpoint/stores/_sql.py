@@ -140,9 +140,15 @@ class SqlStore(MetadataStore):
         """Digests as query parameters (a driver may bind another type faster)."""
         return digests
 
-    def _blob_params(self, blobs: Sequence[BlobRow]) -> list[Sequence[Any]]:
-        """Blob rows as the parameters of their insert."""
-        return [tuple(b) for b in blobs]
+    def _insert_blob_rows(self, cur: Any, blobs: Sequence[BlobRow]) -> None:
+        """Insert rows (digest order), leaving a digest stored already as it is."""
+        cur.executemany(
+            self.sql(
+                "INSERT INTO {t}blobs(digest, codec, size, data) VALUES (?, ?, ?, ?) "
+                "ON CONFLICT (digest) DO NOTHING"
+            ),
+            [tuple(b) for b in blobs],
+        )
 
     def has_blobs(self, digests: Iterable[bytes]) -> set[bytes]:
         wanted = list(digests)
@@ -174,13 +180,7 @@ class SqlStore(MetadataStore):
                 self.sql("DELETE FROM {t}condemned WHERE digest=?"),
                 [(d,) for d in self._digest_params([b.digest for b in blobs])],
             )
-        cur.executemany(
-            self.sql(
-                "INSERT INTO {t}blobs(digest, codec, size, data) VALUES (?, ?, ?, ?) "
-                "ON CONFLICT (digest) DO NOTHING"
-            ),
-            self._blob_params(blobs),
-        )
+        self._insert_blob_rows(cur, blobs)
 
     def get_blob(self, digest: bytes) -> BlobRow | None:
         rows = self._q("SELECT digest, codec, size, data FROM {t}blobs WHERE digest=?", (digest,))
