@@ -135,6 +135,7 @@ class Blobs:
         self._dctx = zstandard.ZstdDecompressor()
         self._pool: ThreadPoolExecutor | None = None
         self._io_pool: ThreadPoolExecutor | None = None
+        self._hash_pool: ThreadPoolExecutor | None = None
         self.read_only: str | None = None
         """Why no blob may be written (a store in an older format), or None: checked before
         a snapshot writes its first chunk or pack, so a refused one leaves no file behind."""
@@ -213,6 +214,15 @@ class Blobs:
 
             self._pool = ThreadPoolExecutor(max_workers=max(1, min(4, os.cpu_count() or 1)))
         return self._pool
+
+    def _hasher(self) -> ThreadPoolExecutor:
+        """The thread that hashes large files' pieces, in the order they are read: the file's
+        digest takes them one after the other (SHA-256 releases the GIL for each 1 MiB)."""
+        if self._hash_pool is None:
+            from concurrent.futures import ThreadPoolExecutor
+
+            self._hash_pool = ThreadPoolExecutor(max_workers=1)
+        return self._hash_pool
 
     def _writers(self) -> ThreadPoolExecutor:
         """Threads that write and fsync packs and chunk files: apart from the compressing
@@ -500,11 +510,20 @@ class BlobWriter:
                     return
                 yield piece
 
+        # Both digests of each piece (the file's, the chunk's) are computed by one hashing
+        # thread, in order, while this one reads on; at most _IN_FLIGHT pieces wait.
+        hashing: collections.deque[tuple[bytes, Future[bytes]]] = collections.deque()
+        hasher = self.blobs._hasher()
         for piece in pieces():
-            whole.update(piece)
             total += len(piece)
-            chunks.append(self._put_chunk(piece))
-        digest = whole.digest()
+            hashing.append((piece, hasher.submit(_hash_piece, whole, piece)))
+            if len(hashing) > _IN_FLIGHT:
+                piece, job = hashing.popleft()
+                chunks.append(self._put_chunk(piece, job.result()))
+        while hashing:
+            piece, job = hashing.popleft()
+            chunks.append(self._put_chunk(piece, job.result()))
+        digest = whole.digest()  # (every update is done: each job was waited for)
         if digest not in self._seen:
             self._seen.add(digest)
             self._chunk_lists.append(BlobRow(digest, BlobCodec.CHUNKS, total, b"".join(chunks)))
@@ -566,8 +585,7 @@ class BlobWriter:
         row = self.blobs.encode(digest, piece)
         self.blobs.local.put(digest, row.codec, row.size, row.data, revive=False)
 
-    def _put_chunk(self, piece: bytes) -> bytes:
-        digest = hashlib.sha256(piece).digest()
+    def _put_chunk(self, piece: bytes, digest: bytes) -> bytes:
         local = self.blobs.local
         if local is None:  # no blob directory (memory, PostgreSQL): chunks go with the rest
             return self.add(piece, digest)
@@ -682,6 +700,12 @@ class BlobWriter:
     def take_pending(self) -> list[BlobRow]:
         """Hand the queued rows to a checkpoint commit instead of writing them separately."""
         return self._packed() + self._encode_new()
+
+
+def _hash_piece(whole: hashlib._Hash, piece: bytes) -> bytes:
+    """(On the hashing thread.) Add a large file's next piece to its digest; the piece's."""
+    whole.update(piece)
+    return hashlib.sha256(piece).digest()
 
 
 def _read_all(fd: int, n: int) -> bytes:
