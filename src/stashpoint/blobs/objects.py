@@ -312,15 +312,19 @@ class Blobs:
     def pack(self, rows: list[BlobRow], min_bytes: int = _PACK_MIN_BYTES) -> list[BlobRow]:
         """Move a large batch of encoded rows into one pack file; returns pointer rows (or
         ``rows`` as they are, when they are fewer than ``min_bytes``)."""
-        if self.local is None or not rows or sum(len(r.data) for r in rows) < min_bytes:
+        if self.local is None or not rows:
+            return rows
+        datas = [r[3] for r in rows]  # (r.data: a namedtuple's field by name is slower)
+        if min_bytes and sum(map(len, datas)) < min_bytes:
             return rows
         from .._ids import new_id
 
         name = new_id()
-        spans = self.local.write_pack(name, [r.data for r in rows])
+        spans = self.local.write_pack(name, datas)
+        packed, tail, pointer = BlobCodec.PACKED, name.encode("ascii"), _POINTER.pack
         return [
-            BlobRow(r.digest, BlobCodec.PACKED, r.size, make_pointer(r.codec, off, n, name))
-            for r, (off, n) in zip(rows, spans, strict=True)
+            BlobRow(digest, packed, size, pointer(codec, off, n) + tail)
+            for (digest, codec, size, _data), (off, n) in zip(rows, spans, strict=True)
         ]
 
     # -- reading --------------------------------------------------------------------------
@@ -685,9 +689,10 @@ class BlobWriter:
         ``jobs`` the store does not ``have``, once the pack is durable (a pack however
         small: rows that kept their contents would wait for the commit in memory)."""
         rows_of = self.blobs.rows_of
-        rows = [r for r in encoded if r.digest not in have]
+        rows = [r for r in encoded if r[0] not in have] if have else encoded
         for items, job in jobs:
-            rows += [r for r in rows_of(items, job.result()) if r.digest not in have]
+            got = rows_of(items, job.result())
+            rows += [r for r in got if r[0] not in have] if have else got
         return self.blobs.pack(rows, min_bytes=0)
 
     def flush(self) -> None:
