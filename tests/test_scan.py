@@ -43,20 +43,6 @@ def test_the_scan_runs_without_cyclic_gc_and_gives_the_setting_back(
     assert after is enabled
 
 
-def test_a_checkpoint_collects_no_cycles_until_its_commit(
-    tmp_path: Path, store: stashpoint.Store, monkeypatch: Any
-) -> None:
-    """Its blob rows and cache entries are let go by reference counting, not traversed."""
-    ws = _workspace(tmp_path / "ws")
-    meta = store.blobs.meta
-    during: list[bool] = []
-    real = meta.commit
-    monkeypatch.setattr(meta, "commit", lambda c: (during.append(gc.isenabled()), real(c))[1])
-    store.session("s", workspace=ws).checkpoint()
-    assert during == [False]
-    assert gc.isenabled()
-
-
 def test_a_failed_scan_gives_the_gc_setting_back(tmp_path: Path, store: stashpoint.Store) -> None:
     ws = _workspace(tmp_path / "ws")
 

@@ -53,7 +53,6 @@ from .redact import Redactor, make_redactor
 from .rewind import Restoring, RewindResult
 from .stores.base import BlobRow, CheckpointRow, Commit, Fence
 from .workspace import Workspace
-from .workspace.scan import gc_paused
 
 if TYPE_CHECKING:
     from .durable import Durable
@@ -110,21 +109,6 @@ def _holding_write_lock(
             return method(self, *args, **kwargs)
 
     return locked
-
-
-def _gc_paused(
-    method: Callable[Concatenate[Session, P], R],
-) -> Callable[Concatenate[Session, P], R]:
-    """No cyclic GC until the checkpoint is committed: a snapshot's cache entries and blob
-    rows, a few objects per file, are let go by reference counting instead of traversed
-    (see :func:`stashpoint.workspace.scan.gc_paused`)."""
-
-    @functools.wraps(method)
-    def paused(self: Session, /, *args: P.args, **kwargs: P.kwargs) -> R:
-        with gc_paused():
-            return method(self, *args, **kwargs)
-
-    return paused
 
 
 def _deps(packages: Iterable[str]) -> dict[str, str]:
@@ -304,7 +288,6 @@ class Session(Reading, Binding, KnownConversation, Restoring, Editing, DurableMe
 
     # -- writing --------------------------------------------------------------------------
     @_holding_write_lock
-    @_gc_paused
     def checkpoint(
         self,
         state: Mapping[str, Any] | None = None,
