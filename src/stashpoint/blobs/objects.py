@@ -48,7 +48,13 @@ CHUNK_SIZE = 1 << 20
 _FLUSH_BYTES = 32 << 20
 _BATCH_BYTES = 1 << 20  # blobs go to the compression thread in batches of about this size
 _MIN_SAVING = 0.9  # store raw unless zstd saves at least 10 %
+_SAMPLED_FROM = 128 << 10  # blobs this large are sampled before zstd sees them whole
+_SAMPLE = 8 << 10  # bytes per sample slice
+_SAMPLES = 8  # slices, spread over the blob
+_SAMPLE_SAVING = 0.98  # a sample that saves less than 2 %: the blob is stored raw
 _IN_FLIGHT = 8  # chunks queued for writer threads (artifacts), each at most a few MB
+_IO_THREADS = 3  # threads writing packs and chunk files (mostly waiting for fsync)
+_PACKS_IN_FLIGHT = 2  # 32 MiB packs being compressed and written while the scan goes on
 
 
 class BlobCodec(IntEnum):
@@ -89,6 +95,11 @@ class _Frames(Protocol):
     def __getitem__(self, i: int, /) -> _Frame: ...
 
 
+_Compressed = tuple[_Frames, frozenset[int]]
+"""A compressed batch: the frames, and the positions (among blobs of 64 bytes or more) of
+those left uncompressed."""
+
+
 def parse_pointer(data: bytes) -> PackPointer | None:
     """The parts of a PACKED row's data, or None if it is malformed."""
     if len(data) < _POINTER.size:
@@ -123,6 +134,8 @@ class Blobs:
         self._tls = threading.local()
         self._dctx = zstandard.ZstdDecompressor()
         self._pool: ThreadPoolExecutor | None = None
+        self._io_pool: ThreadPoolExecutor | None = None
+        self._hash_pool: ThreadPoolExecutor | None = None
         self.read_only: str | None = None
         """Why no blob may be written (a store in an older format), or None: checked before
         a snapshot writes its first chunk or pack, so a refused one leaves no file behind."""
@@ -138,9 +151,9 @@ class Blobs:
             cctx = self._tls.cctx = zstandard.ZstdCompressor(level=self._level)
         return cctx
 
-    def encode_later(self, items: list[tuple[bytes, bytes]]) -> Future[_Frames]:
+    def encode_later(self, items: list[tuple[bytes, bytes]]) -> Future[_Compressed]:
         """Compress a batch on a worker thread while the caller goes on walking, reading and
-        hashing; :meth:`rows_of` turns the result into rows, on the caller's thread.
+        hashing; :meth:`rows_of` turns the result into rows.
 
         zstd releases the GIL, so a first snapshot keeps both cores busy: one walking,
         reading and hashing, the other compressing (wall time ~ the larger of the two). The
@@ -152,54 +165,90 @@ class Blobs:
         """
         return self._workers().submit(self._compress_many, [d for _k, d in items if len(d) >= 64])
 
-    def _compress_many(self, datas: list[bytes]) -> _Frames:
-        """The zstd frames of ``datas`` (on a worker thread: one GIL release for all)."""
+    def _compress_many(self, datas: list[bytes]) -> _Compressed:
+        """The zstd frames of ``datas`` (on a worker thread: one GIL release for all), but
+        for those :meth:`incompressible` judges so: their positions come back instead."""
+        raw: frozenset[int] = frozenset()
+        if any(len(d) >= _SAMPLED_FROM for d in datas):
+            raw = frozenset(
+                i for i, d in enumerate(datas) if len(d) >= _SAMPLED_FROM and self.incompressible(d)
+            )
+            if raw:
+                datas = [d for i, d in enumerate(datas) if i not in raw]
         if not datas:
-            return ()
+            return (), raw
         cctx = self._cctx()
         many = getattr(cctx, "multi_compress_to_buffer", None)
         if many is None:  # (only the C backend has it)
-            return [memoryview(cctx.compress(d)) for d in datas]
+            return [memoryview(cctx.compress(d)) for d in datas], raw
         frames: _Frames = many(datas, threads=1)
-        return frames
+        return frames, raw
 
-    def rows_of(self, items: list[tuple[bytes, bytes]], frames: _Frames) -> list[BlobRow]:
+    def rows_of(self, items: list[tuple[bytes, bytes]], compressed: _Compressed) -> list[BlobRow]:
         """The rows of a batch :meth:`encode_later` compressed: each as :meth:`encode` makes
         it (RAW unless zstd saves 10 %, sealed in an encrypted store)."""
+        frames, skip = compressed
         out = []
-        at = 0
+        at = i = 0
         raw, zstd, cipher = BlobCodec.RAW, BlobCodec.ZSTD, self.cipher
         for digest, data in items:
             size = len(data)
             codec: int = raw
             frame = data
             if size >= 64:
-                packed = frames[at].tobytes()
-                at += 1
-                if len(packed) < size * _MIN_SAVING:
-                    codec, frame = zstd, packed
+                if not skip or i not in skip:
+                    packed = frames[at].tobytes()
+                    at += 1
+                    if len(packed) < size * _MIN_SAVING:
+                        codec, frame = zstd, packed
+                i += 1
             if cipher is not None:
                 codec, frame = self.seal_frame(digest, codec, frame)
             out.append(BlobRow(digest, codec, size, frame))
         return out
 
-    def pack_later(self, rows: list[BlobRow]) -> Future[list[BlobRow]]:
-        """:meth:`pack` on a worker thread: a large snapshot goes on walking and reading while
-        its previous 32 MB are written and fsynced (which release the GIL)."""
-        return self._workers().submit(self.pack, rows)
-
     def _workers(self) -> ThreadPoolExecutor:
+        """Threads that compress (CPU-bound: one per core, at most four)."""
         if self._pool is None:
             from concurrent.futures import ThreadPoolExecutor  # ~5 ms: only when work comes
 
             self._pool = ThreadPoolExecutor(max_workers=max(1, min(4, os.cpu_count() or 1)))
         return self._pool
 
+    def _hasher(self) -> ThreadPoolExecutor:
+        """The thread that hashes large files' pieces, in the order they are read: the file's
+        digest takes them one after the other (SHA-256 releases the GIL for each 1 MiB)."""
+        if self._hash_pool is None:
+            from concurrent.futures import ThreadPoolExecutor
+
+            self._hash_pool = ThreadPoolExecutor(max_workers=1)
+        return self._hash_pool
+
+    def _writers(self) -> ThreadPoolExecutor:
+        """Threads that write and fsync packs and chunk files: apart from the compressing
+        ones, which would otherwise sit idle behind an fsync while the scan queues batches."""
+        if self._io_pool is None:
+            from concurrent.futures import ThreadPoolExecutor
+
+            self._io_pool = ThreadPoolExecutor(max_workers=_IO_THREADS)
+        return self._io_pool
+
     # -- encoding -------------------------------------------------------------------------
+    def incompressible(self, data: bytes) -> bool:
+        """Whether slices spread over ``data`` (a large blob) show zstd would not save the 10 %
+        it takes to store a blob compressed: media, archives and random bytes (a workspace's
+        binaries) are then stored raw at the cost of compressing 64 KiB, not all of it (at
+        level 1, zstd spends about as long per byte on random bytes as on text). A blob
+        compressible only where no slice looked is stored raw too: larger, never wrong."""
+        n = len(data)
+        step = (n - _SAMPLE) // (_SAMPLES - 1)
+        sample = b"".join(data[i * step : i * step + _SAMPLE] for i in range(_SAMPLES))
+        return len(self._cctx().compress(sample)) >= len(sample) * _SAMPLE_SAVING
+
     def encode(self, digest: bytes, data: bytes) -> BlobRow:
         codec: int = BlobCodec.RAW
         out = data
-        if len(data) >= 64:
+        if len(data) >= 64 and not (len(data) >= _SAMPLED_FROM and self.incompressible(data)):
             packed = self._cctx().compress(data)
             if len(packed) < len(data) * _MIN_SAVING:
                 codec, out = BlobCodec.ZSTD, packed
@@ -260,17 +309,22 @@ class Blobs:
         """Verified content of one entry read out of a pack (GC checks before repacking)."""
         return self._decode(digest, codec, size, data)
 
-    def pack(self, rows: list[BlobRow]) -> list[BlobRow]:
-        """Move a large batch of encoded rows into one pack file; returns pointer rows."""
-        if self.local is None or sum(len(r.data) for r in rows) < _PACK_MIN_BYTES:
+    def pack(self, rows: list[BlobRow], min_bytes: int = _PACK_MIN_BYTES) -> list[BlobRow]:
+        """Move a large batch of encoded rows into one pack file; returns pointer rows (or
+        ``rows`` as they are, when they are fewer than ``min_bytes``)."""
+        if self.local is None or not rows:
+            return rows
+        datas = [r[3] for r in rows]  # (r.data: a namedtuple's field by name is slower)
+        if min_bytes and sum(map(len, datas)) < min_bytes:
             return rows
         from .._ids import new_id
 
         name = new_id()
-        spans = self.local.write_pack(name, [r.data for r in rows])
+        spans = self.local.write_pack(name, datas)
+        packed, tail, pointer = BlobCodec.PACKED, name.encode("ascii"), _POINTER.pack
         return [
-            BlobRow(r.digest, BlobCodec.PACKED, r.size, make_pointer(r.codec, off, n, name))
-            for r, (off, n) in zip(rows, spans, strict=True)
+            BlobRow(digest, packed, size, pointer(codec, off, n) + tail)
+            for (digest, codec, size, _data), (off, n) in zip(rows, spans, strict=True)
         ]
 
     # -- reading --------------------------------------------------------------------------
@@ -389,7 +443,7 @@ class BlobWriter:
         self.blobs = blobs
         self._batch: list[tuple[bytes, bytes]] = []  # not yet handed to the worker
         self._batch_bytes = 0
-        self._jobs: collections.deque[tuple[list[tuple[bytes, bytes]], Future[_Frames]]] = (
+        self._jobs: collections.deque[tuple[list[tuple[bytes, bytes]], Future[_Compressed]]] = (
             collections.deque()
         )
         """Batches being compressed by a worker thread (see Blobs.encode_later)."""
@@ -399,9 +453,9 @@ class BlobWriter:
         self._seen: set[bytes] = set()
         self._chunk_lists: list[BlobRow] = []
         self._packing: list[Future[list[BlobRow]]] = []
+        """Packs being written by a writer thread: their rows are sent once they are durable."""
         self._chunk_jobs: collections.deque[Future[None]] = collections.deque()
-        """Chunk files of large files being written by worker threads."""
-        """Packs being written by a worker thread: their rows are sent once they are durable."""
+        """Chunk files of large files being written by writer threads."""
 
     def add(self, data: bytes, digest: bytes | None = None) -> bytes:
         """Queue a small blob; returns its digest. Encoding waits until we know it is new."""
@@ -460,11 +514,20 @@ class BlobWriter:
                     return
                 yield piece
 
+        # Both digests of each piece (the file's, the chunk's) are computed by one hashing
+        # thread, in order, while this one reads on; at most _IN_FLIGHT pieces wait.
+        hashing: collections.deque[tuple[bytes, Future[bytes]]] = collections.deque()
+        hasher = self.blobs._hasher()
         for piece in pieces():
-            whole.update(piece)
             total += len(piece)
-            chunks.append(self._put_chunk(piece))
-        digest = whole.digest()
+            hashing.append((piece, hasher.submit(_hash_piece, whole, piece)))
+            if len(hashing) > _IN_FLIGHT:
+                piece, job = hashing.popleft()
+                chunks.append(self._put_chunk(piece, job.result()))
+        while hashing:
+            piece, job = hashing.popleft()
+            chunks.append(self._put_chunk(piece, job.result()))
+        digest = whole.digest()  # (every update is done: each job was waited for)
         if digest not in self._seen:
             self._seen.add(digest)
             self._chunk_lists.append(BlobRow(digest, BlobCodec.CHUNKS, total, b"".join(chunks)))
@@ -526,8 +589,7 @@ class BlobWriter:
         row = self.blobs.encode(digest, piece)
         self.blobs.local.put(digest, row.codec, row.size, row.data, revive=False)
 
-    def _put_chunk(self, piece: bytes) -> bytes:
-        digest = hashlib.sha256(piece).digest()
+    def _put_chunk(self, piece: bytes, digest: bytes) -> bytes:
         local = self.blobs.local
         if local is None:  # no blob directory (memory, PostgreSQL): chunks go with the rest
             return self.add(piece, digest)
@@ -540,12 +602,12 @@ class BlobWriter:
             # the rows naming it are handed to a commit (see _packed).
             _revive_loose(self.blobs.meta, digest)  # here: one thread uses meta
             jobs = self._chunk_jobs
-            jobs.append(self.blobs._workers().submit(self._write_chunk, digest, piece))
+            jobs.append(self.blobs._writers().submit(self._write_chunk, digest, piece))
             while len(jobs) > _IN_FLIGHT:
                 jobs.popleft().result()
         return digest
 
-    def _encode_new(self, *, pack_later: bool = False) -> list[BlobRow]:
+    def _encode_new(self) -> list[BlobRow]:
         """The queued blobs the store does not have yet, encoded (one existence query).
 
         Batches already handed to the compression thread come back encoded; the last,
@@ -575,11 +637,7 @@ class BlobWriter:
         )
         rows = [r for r in encoded if r.digest not in have]
         rows += [self.blobs.encode(d, data) for d, data in raw if d not in have]
-        if pack_later:
-            self._packing.append(self.blobs.pack_later(rows))
-            rows = []
-        else:
-            rows = self.blobs.pack(rows)
+        rows = self.blobs.pack(rows)
         rows += [r for r in lists if r.digest not in have]
         return rows
 
@@ -592,12 +650,50 @@ class BlobWriter:
         return [r for job in jobs for r in job.result()]
 
     def _stream(self) -> None:
-        """Send what is queued while a large snapshot goes on: its pack is written by a worker
-        thread, and its rows go out with the next stream, flush or checkpoint, so reading
-        and writing overlap."""
-        rows = self._packed() + self._encode_new(pack_later=True)
-        if rows:
-            self.blobs.meta.put_blobs(rows)
+        """Send what is queued while a large snapshot goes on, so that reading, compressing
+        and writing overlap.
+
+        With a blob directory, a writer thread waits for the batches' compression, then
+        writes and fsyncs their pack; the scan does not wait for any of it (unless
+        ``_PACKS_IN_FLIGHT`` packs are still being written, which bounds the memory). A
+        pack's rows are pointers, a few dozen bytes each: they wait for the commit, which
+        records them with the checkpoint in one transaction (an fsync per 32 MiB on the
+        scanning thread, otherwise). Without one, the rows hold the contents: they are
+        recorded now."""
+        if self.blobs.local is None:
+            rows = self._packed() + self._encode_new()
+            if rows:
+                self.blobs.meta.put_blobs(rows)
+            return
+        if self._batch:
+            self._jobs.append((self._batch, self.blobs.encode_later(self._batch)))
+        jobs, encoded = list(self._jobs), self._encoded
+        self._batch, self._encoded = [], []
+        self._jobs.clear()
+        self._batch_bytes = self._pending_bytes = 0
+        have = self.blobs.meta.has_blobs(
+            [r.digest for r in encoded] + [d for items, _job in jobs for d, _ in items]
+        )
+        packing = self._packing
+        packing.append(self.blobs._writers().submit(self._pack_stream, encoded, jobs, have))
+        while sum(not job.done() for job in packing) > _PACKS_IN_FLIGHT:
+            next(job for job in packing if not job.done()).result()
+
+    def _pack_stream(
+        self,
+        encoded: list[BlobRow],
+        jobs: list[tuple[list[tuple[bytes, bytes]], Future[_Compressed]]],
+        have: set[bytes],
+    ) -> list[BlobRow]:
+        """(On a writer thread.) The pointer rows of a pack of the blobs of ``encoded`` and
+        ``jobs`` the store does not ``have``, once the pack is durable (a pack however
+        small: rows that kept their contents would wait for the commit in memory)."""
+        rows_of = self.blobs.rows_of
+        rows = [r for r in encoded if r[0] not in have] if have else encoded
+        for items, job in jobs:
+            got = rows_of(items, job.result())
+            rows += [r for r in got if r[0] not in have] if have else got
+        return self.blobs.pack(rows, min_bytes=0)
 
     def flush(self) -> None:
         """Write queued blobs now, in their own transaction: all of them are recorded when
@@ -609,6 +705,12 @@ class BlobWriter:
     def take_pending(self) -> list[BlobRow]:
         """Hand the queued rows to a checkpoint commit instead of writing them separately."""
         return self._packed() + self._encode_new()
+
+
+def _hash_piece(whole: hashlib._Hash, piece: bytes) -> bytes:
+    """(On the hashing thread.) Add a large file's next piece to its digest; the piece's."""
+    whole.update(piece)
+    return hashlib.sha256(piece).digest()
 
 
 def _read_all(fd: int, n: int) -> bytes:

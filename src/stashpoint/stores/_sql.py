@@ -153,11 +153,25 @@ class SqlStore(MetadataStore):
         return int(cur.execute(self.sql(text), args).rowcount)
 
     # -- blobs ----------------------------------------------------------------------------
+    def _digest_params(self, digests: list[bytes]) -> Sequence[Any]:
+        """Digests as query parameters (a driver may bind another type faster)."""
+        return digests
+
+    def _insert_blob_rows(self, cur: Any, blobs: Sequence[BlobRow]) -> None:
+        """Insert rows (digest order), leaving a digest stored already as it is."""
+        cur.executemany(
+            self.sql(
+                "INSERT INTO {t}blobs(digest, codec, size, data) VALUES (?, ?, ?, ?) "
+                "ON CONFLICT (digest) DO NOTHING"
+            ),
+            [tuple(b) for b in blobs],
+        )
+
     def has_blobs(self, digests: Iterable[bytes]) -> set[bytes]:
         wanted = list(digests)
         found: set[bytes] = set()
         for i in range(0, len(wanted), 500):
-            batch = wanted[i : i + 500]
+            batch = self._digest_params(wanted[i : i + 500])
             marks = ",".join("?" * len(batch))
             rows = self._q(
                 f"SELECT digest FROM {{t}}blobs b WHERE digest IN ({marks}) AND NOT EXISTS "
@@ -180,15 +194,10 @@ class SqlStore(MetadataStore):
         blobs = sorted(blobs, key=_digest)
         if cur.execute(self.sql("SELECT 1 FROM {t}condemned LIMIT 1")).fetchone():
             cur.executemany(
-                self.sql("DELETE FROM {t}condemned WHERE digest=?"), [(b.digest,) for b in blobs]
+                self.sql("DELETE FROM {t}condemned WHERE digest=?"),
+                [(d,) for d in self._digest_params([b.digest for b in blobs])],
             )
-        cur.executemany(
-            self.sql(
-                "INSERT INTO {t}blobs(digest, codec, size, data) VALUES (?, ?, ?, ?) "
-                "ON CONFLICT (digest) DO NOTHING"
-            ),
-            [tuple(b) for b in blobs],
-        )
+        self._insert_blob_rows(cur, blobs)
 
     def get_blob(self, digest: bytes) -> BlobRow | None:
         rows = self._q("SELECT digest, codec, size, data FROM {t}blobs WHERE digest=?", (digest,))

@@ -12,6 +12,7 @@ so a steady-state scan of 10k files does almost no regex work.
 from __future__ import annotations
 
 import hashlib
+import re
 from typing import Any
 
 __all__ = ["ALWAYS_EXCLUDED", "IGNORE_FILES", "IgnoreContext"]
@@ -19,13 +20,33 @@ __all__ = ["ALWAYS_EXCLUDED", "IGNORE_FILES", "IgnoreContext"]
 IGNORE_FILES = (b".gitignore", b".stashpointignore")
 ALWAYS_EXCLUDED = frozenset({b".git", b".stashpoint"})
 
-_spec_cache: dict[bytes, tuple[Any, tuple[Any, ...] | None]] = {}
+_Compiled = tuple[Any, tuple[Any, ...] | None, tuple[bytes, ...] | None]
+_spec_cache: dict[bytes, _Compiled] = {}
+_GLOB = re.compile(r"[*?/]+")
 
 
-def _compile(text: bytes) -> tuple[Any, tuple[Any, ...] | None]:
+def _literal(pattern: Any) -> bytes | None:
+    """The longest run of plain characters of a gitignore pattern, which every path it
+    matches contains (or None: a pattern of wildcards only, or one with escapes or brackets).
+    Checked against the pattern's regex, which must hold it literally: a pattern whose text
+    pathspec normalised (trailing spaces) gets None."""
+    text = getattr(pattern, "pattern", None)
+    if not isinstance(text, str) or "\\" in text or "[" in text:
+        return None
+    text = text.removeprefix("!")
+    best = max(_GLOB.split(text), key=len)
+    if not best or re.escape(best) not in pattern.regex.pattern:
+        return None
+    return best.encode("utf-8", "surrogateescape")
+
+
+def _compile(text: bytes) -> _Compiled:
     """The compiled spec, and the regexes of its deciding patterns when a path none of them
     matches is known to be left undecided by the spec (its ``include`` is None): then most
-    paths, which no pattern matches, skip pathspec's per-call overhead (~3.5 µs -> ~1 µs)."""
+    paths, which no pattern matches, skip pathspec's per-call overhead (~3.5 µs -> ~1 µs).
+    With them, when every deciding pattern has one, a literal of each: a path holding none
+    of them (most paths: ``node_modules/`` and ``*.pyc`` leave ``src/app.py`` undecided) is
+    not even decoded (~1 µs -> ~0.1 µs)."""
     got = _spec_cache.get(text)
     if got is None:
         import pathspec  # imported lazily: it costs ~40 ms, and most snapshots need no matching
@@ -38,9 +59,17 @@ def _compile(text: bytes) -> tuple[Any, tuple[Any, ...] | None]:
         # Our paths are relative and '/'-separated: pathspec's normalisation leaves them as
         # they are, and a RegexPattern matches with ``regex.search``.
         plain = not NORMALIZE_PATH_SEPS and all(
-            type(p).match_file is RegexPattern.match_file and p.regex is not None for p in deciding
+            type(p).match_file is RegexPattern.match_file
+            and p.regex is not None
+            and not p.regex.flags & re.IGNORECASE
+            for p in deciding
         )
-        got = (spec, tuple(p.regex for p in deciding) if plain else None)
+        literals = [_literal(p) for p in deciding] if plain else [None]
+        got = (
+            spec,
+            tuple(p.regex for p in deciding) if plain else None,
+            tuple(lit for lit in literals if lit is not None) if None not in literals else None,
+        )
         _spec_cache[text] = got
     return got
 
@@ -51,9 +80,12 @@ class IgnoreContext:
     __slots__ = ("_layers", "signature")
 
     def __init__(
-        self, layers: tuple[tuple[bytes, Any, tuple[Any, ...] | None], ...], signature: bytes
+        self,
+        layers: tuple[tuple[bytes, Any, tuple[Any, ...] | None, tuple[bytes, ...] | None], ...],
+        signature: bytes,
     ) -> None:
-        self._layers = layers  # (directory relpath with trailing slash, spec, quick regexes)
+        # (directory relpath with trailing slash, spec, quick regexes, their literals)
+        self._layers = layers
         self.signature = signature
 
     @classmethod
@@ -74,9 +106,15 @@ class IgnoreContext:
         return not self._layers
 
     def ignored(self, rel: bytes, is_dir: bool) -> bool:
-        for prefix, spec, quick in reversed(self._layers):
+        for prefix, spec, quick, literals in reversed(self._layers):
             if not rel.startswith(prefix):  # b"" prefixes every path (the root's rules)
                 continue
+            if literals is not None:  # (a literal in the prefix only: the regexes tell)
+                for literal in literals:
+                    if rel.find(literal) >= 0:  # (``in`` tries the literal as an int first)
+                        break
+                else:
+                    continue  # no pattern of this file can match: it does not decide
             path = rel[len(prefix) :].decode("utf-8", "surrogateescape") + ("/" if is_dir else "")
             if quick is not None:
                 for regex in quick:
