@@ -146,7 +146,10 @@ def test_a_racy_file_is_re_read_but_not_stored_again(
     ws = tmp_path / "ws"
     ws.mkdir()
     (ws / "notes.txt").write_text("just written\n")
-    now = time.time_ns() + 1_000  # "just": however slow this machine is (never a whole second)
+    # "Just written" however late the snapshot runs on a loaded machine: a stamp ahead of
+    # the clock stays racy (a stamp 1 us ahead fell out of the window when the scan started
+    # a tick later). Never a whole second.
+    now = time.time_ns() + 60 * 10**9 + 1_000
     os.utime(ws / "notes.txt", ns=(now, now))
     run = store.session("s", workspace=ws)
     first = run.checkpoint()
@@ -177,7 +180,8 @@ def test_a_file_stamped_before_the_kernels_current_tick_is_trusted(
     stamp = coarse - 2_000_000  # 2 ms before the current tick began
     stamp += 1 if stamp % 10**9 == 0 else 0  # a nanosecond mtime, not a whole second
     os.utime(old, ns=(stamp, stamp))
-    os.utime(new, ns=(time.time_ns() + 1_000, time.time_ns() + 1_000))
+    ahead = time.time_ns() + 60 * 10**9 + 1_000  # within the tick however late the scan runs
+    os.utime(new, ns=(ahead, ahead))
     run = store.session("s", workspace=ws)
     run.checkpoint()
     assert run.workspace is not None
