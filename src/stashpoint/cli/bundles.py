@@ -97,8 +97,9 @@ def _emit_checked(ctx: Ctx, bundle: Bundle) -> None:
     "--into",
     type=click.Path(file_okay=False),
     metavar="DIR",
-    help="Also write the imported branch's files into DIR (new or empty), which then follows "
-    "it. Without it, an imported session is bound to no directory until you name one.",
+    help="Also write the imported branch's files into DIR (new or empty, outside this store's "
+    "workspaces), which then follows it. Without it, an imported session is bound to no "
+    "directory until you name one.",
 )
 @click.option(
     "--max-size",
@@ -181,7 +182,7 @@ def import_cmd(
     with ByteProgress("checking", enabled=not ctx.json) as progress:
         bundle = read_bundle(file, hasher=hasher, limits=limits, progress=progress)
     with bundle:
-        branch = _into_branch(bundle, into) if into is not None else None
+        branch = _into_branch(bundle) if into is not None else None
         if not dry_run:
             url, root, _s, _b = ctx.locate(create=True)
             if not ctx.store_url and not Path(url).exists():
@@ -190,10 +191,12 @@ def import_cmd(
                 check_root(root, force=ctx.force)  # same rule as `snap` creating a store here
         else:
             try:
-                ctx.locate()  # a dry run never creates a store
+                url, _r, _s, _b = ctx.locate()  # a dry run never creates a store
             except click.ClickException:
                 _emit_checked(ctx, bundle)
                 return
+        if into is not None:
+            _check_into(ctx, url, Path(into).resolve())
         store = ctx.store(create=not dry_run)
         with ByteProgress("import", enabled=not ctx.json) as progress:
             rep = import_bundle(
@@ -215,7 +218,23 @@ def import_cmd(
     )
 
 
-def _into_branch(bundle: Bundle, into: str) -> str:
+def _check_into(ctx: Ctx, url: str, dest: Path) -> None:
+    """``--into`` outside the store and its workspaces, checked before the store is made."""
+    from .. import restore_target
+    from ._app import local_path
+
+    home = local_path(url)
+    if home is not None and not home.exists():  # made by this import: nothing bound yet
+        own, workspaces = [home], []
+    else:
+        store = ctx.store()
+        own, workspaces = list(store.own_paths), restore_target.workspaces_of(store)
+    if dest.exists() and (not dest.is_dir() or any(dest.iterdir())):
+        raise click.UsageError(f"--into {dest}: exists and is not an empty directory")
+    restore_target.check_new_workspace(dest, own=own, workspaces=workspaces)
+
+
+def _into_branch(bundle: Bundle) -> str:
     """The branch ``import --into`` writes out, checked before anything is imported."""
     heads = sorted(bundle.manifest.heads)
     branch = "main" if "main" in heads else heads[0] if len(heads) == 1 else None
@@ -224,7 +243,4 @@ def _into_branch(bundle: Bundle, into: str) -> str:
             f"the bundle has branches {', '.join(heads)} and none is main: import it, then "
             "`stashpoint fork ID --into DIR` the one you want"
         )
-    dest = Path(into).resolve()
-    if dest.exists() and (not dest.is_dir() or any(dest.iterdir())):
-        raise click.UsageError(f"--into {dest}: exists and is not an empty directory")
     return branch

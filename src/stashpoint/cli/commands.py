@@ -562,6 +562,10 @@ def rewind(
 def fork(ctx: Ctx, ref: str, branch: str | None, into: str | None) -> None:
     """Start a new branch from a checkpoint, here or in another directory.
 
+    --into DIR must be new or empty, and outside this workspace and the store: inside it,
+    this workspace's snapshots would take in the new branch's files and its rewinds delete
+    them. A refused fork (exit 1) creates nothing.
+
     \b
     Example (A/B run on identical state):
       stashpoint fork HEAD~3 --branch try-b --into ../repo-b
