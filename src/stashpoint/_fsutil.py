@@ -42,7 +42,9 @@ def atomic_file(path: Path, *, mode: int = 0o600, durable: bool = True) -> Itera
     A failed fsync raises: it is never retried into a false success.
     """
     tmp = path.parent / f"{TMP_MARK}{path.name}.{os.getpid()}"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, mode)
+    # O_NOFOLLOW: a symlink planted at the temp name fails the write instead of truncating
+    # the file it points to.
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC | os.O_NOFOLLOW, mode)
     try:
         yield fd
         if durable:

@@ -24,6 +24,7 @@ by this machine's own checkpoints and restores, never by an import.
 from __future__ import annotations
 
 import os
+import stat
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -44,6 +45,7 @@ __all__ = [
     "bind",
     "bound_to",
     "check_artifact_target",
+    "check_fetch_target",
     "check_new_workspace",
     "check_workspace",
     "unbind",
@@ -225,6 +227,29 @@ def check_artifact_target(name: str, target: Path, protected: Iterable[Path]) ->
                 f"refusing to restore artifact {name!r} to {where}: that is the store's own file"
             )
     return where
+
+
+def check_fetch_target(name: str, target: Path, *, overwrite: bool) -> None:
+    """Refuse to fetch an artifact (``show --artifact NAME -o DIR``) over anything but a new
+    path, or with ``overwrite`` a regular file. The file name under DIR comes from the
+    checkpoint (from a bundle, possibly): ``-o ~`` replaced ``~/.bashrc`` silently, where
+    ``export -o`` needs ``--overwrite``. A symlink, directory or device there is never
+    replaced or followed, ``overwrite`` or not."""
+    try:
+        mode = os.lstat(target).st_mode
+    except FileNotFoundError:
+        return
+    if not stat.S_ISREG(mode):
+        kind = "a symlink" if stat.S_ISLNK(mode) else "not a regular file"
+        raise RestoreRefused(
+            f"refusing to write artifact {name!r} to {target}: it exists and is {kind}; "
+            "choose another name (-o FILE)"
+        )
+    if not overwrite:
+        raise RestoreRefused(
+            f"refusing to replace {target} with artifact {name!r}: it exists; choose another "
+            "name (-o FILE) or pass --overwrite (Python: overwrite=True)"
+        )
 
 
 def undo_command(
