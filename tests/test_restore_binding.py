@@ -363,3 +363,64 @@ def test_a_snapshot_of_another_directory_is_refused_unless_named(tmp_path: Path,
     assert "warning" in res.err and str(proj) in res.err
     sp("rewind", "HEAD~1", cwd=proj)  # the project is still the branch's directory
     assert (proj / "a.txt").read_text() == "one\n" and not (proj / "b.txt").exists()
+
+
+# -- 8. a new branch's directory lies outside every workspace ------------------------------------
+
+
+def branches_of(store: Path) -> dict[str, dict[str, str]]:
+    with stashpoint.open(store) as s:
+        return {name: s.meta.branches(name) for name in s.meta.sessions()}
+
+
+def test_a_fork_or_import_into_a_directory_inside_a_workspace_is_refused(
+    tmp_path: Path, sp: Sp
+) -> None:
+    """Nested in the workspace, the fork's files were snapshotted by the outer branch and
+    its next rewind deleted the fork's unsaved work."""
+    proj = tmp_path / "proj"
+    make_tree(proj, {"a.txt": "a\n"})
+    snap_json(sp, "-m", "one", "-l", "one", cwd=proj)
+    store = proj / ".stashpoint"
+    before, branches = snapshot_tree(proj), branches_of(store)
+
+    res = sp("fork", "one", "-b", "try-b", "--into", "./try-b", cwd=proj, check=False)
+    assert res.code == EXIT_USER, res
+    assert "inside the workspace" in res.err and str(tmp_path / "try-b") in res.err, res.err
+    assert snapshot_tree(proj) == before and branches_of(store) == branches  # nothing made
+    res = sp("fork", "one", "-b", "try-b", "--into", "deeper/x", cwd=proj, check=False)
+    assert res.code == EXIT_USER and not (proj / "deeper").exists(), res
+
+    bundle = tmp_path / "run.spb"
+    sp("export", "-o", str(bundle), cwd=proj)
+    res = sp("import", str(bundle), "--as", "ci", "--into", "replay", cwd=proj, check=False)
+    assert res.code == EXIT_USER and "inside the workspace" in res.err, res
+    assert snapshot_tree(proj) == before and branches_of(store) == branches
+    res = sp("import", str(bundle), "--into", ".stashpoint/x", cwd=proj, check=False)
+    assert res.code == EXIT_USER and "inside the store" in res.err, res
+    assert branches_of(store) == branches
+    # A store the import makes holds no workspace yet: only the store itself is refused.
+    fresh = tmp_path / "fresh"
+    fresh.mkdir()
+    res = sp("import", str(bundle), "--into", ".stashpoint", cwd=fresh, check=False)
+    assert res.code == EXIT_USER and "inside the store" in res.err, res
+    assert list(fresh.iterdir()) == []
+
+    # The reverse: a directory holding the workspace (a store kept elsewhere) is not empty.
+    outer = tmp_path / "outer"
+    make_tree(outer / "ws", {"b.txt": "b\n"})
+    other = str(tmp_path / "other-store")
+    sp("--store", other, "snap", "-l", "b", cwd=outer / "ws")
+    before_outer = snapshot_tree(outer)
+    for cmd in (("fork", "b", "--into", str(outer)), ("import", str(bundle), "--into", str(outer))):
+        res = sp("--store", other, *cmd, cwd=outer / "ws", check=False)
+        assert res.code == EXIT_USER and "not an empty directory" in res.err, res
+    assert snapshot_tree(outer) == before_outer
+
+    # Beside the workspace, as the refusal suggests, the fork works and both stay apart.
+    sp("fork", "one", "-b", "try-b", "--into", "../try-b", cwd=proj)
+    (tmp_path / "try-b" / "work.txt").write_text("unsaved work of try-b\n")
+    (proj / "b.txt").write_text("b\n")
+    sp("snap", "-m", "two", cwd=proj)
+    sp("rewind", "one", cwd=proj)
+    assert (tmp_path / "try-b" / "work.txt").read_text() == "unsaved work of try-b\n"

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator, Sequence
+from collections.abc import Collection, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -42,7 +42,9 @@ def atomic_file(path: Path, *, mode: int = 0o600, durable: bool = True) -> Itera
     A failed fsync raises: it is never retried into a false success.
     """
     tmp = path.parent / f"{TMP_MARK}{path.name}.{os.getpid()}"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, mode)
+    # O_NOFOLLOW: a symlink planted at the temp name fails the write instead of truncating
+    # the file it points to.
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC | os.O_NOFOLLOW, mode)
     try:
         yield fd
         if durable:
@@ -101,18 +103,24 @@ def sweep_temp_files(
     recursive: bool = True,
     skip_dirs: frozenset[str] = frozenset(),
     only_dead_writers: bool = True,
+    mounts: frozenset[str] | None = None,
 ) -> int:
     """Remove temp files left by writers that died (kill -9) before renaming them.
 
     With ``only_dead_writers``, a temp file whose name ends in the pid of a live process is
-    left alone, so this is safe to run while other processes write.
+    left alone, so this is safe to run while other processes write. With ``mounts`` (paths
+    of mount points), the walk stays on ``root``'s filesystem: it enters neither those nor
+    a directory on another device.
     """
     removed = 0
     if not root.is_dir():
         return 0
+    dev = root.stat().st_dev if mounts is not None else None
     walker = os.walk(root) if recursive else [(str(root), [], os.listdir(root))]
     for dirpath, dirs, files in walker:
         dirs[:] = [d for d in dirs if d not in skip_dirs]
+        if dev is not None:
+            dirs[:] = [d for d in dirs if _same_fs(os.path.join(dirpath, d), dev, mounts or ())]
         for name in files:
             if not name.startswith(TMP_MARK):
                 continue
@@ -125,6 +133,13 @@ def sweep_temp_files(
             except FileNotFoundError:
                 pass
     return removed
+
+
+def _same_fs(path: str, dev: int, mounts: Collection[str]) -> bool:
+    try:
+        return path not in mounts and os.lstat(path).st_dev == dev
+    except OSError:
+        return False
 
 
 def _alive(pid: int) -> bool:

@@ -229,10 +229,12 @@ def fetch_artifact(
     name: str,
     dest: str | os.PathLike[str],
     *,
+    overwrite: bool = False,
     progress: Callable[[int, int], None] | None = None,
 ) -> Path:
     """Write an artifact to ``dest`` (a directory gets its original file name),
-    atomically; returns the path written. Nothing else changes: no safety checkpoint."""
+    atomically; returns the path written. Nothing else changes: no safety checkpoint, so
+    an existing file there is replaced only with ``overwrite`` (and only a regular file)."""
     from .artifacts import restore_artifact
     from .artifacts import restore_target as artifact_path
 
@@ -240,6 +242,7 @@ def fetch_artifact(
     target = restore_target.check_artifact_target(
         name, artifact_path(art, dest, name), self.store.own_paths
     )
+    restore_target.check_fetch_target(name, target, overwrite=overwrite)
     restore_artifact(self.store.blobs, art, target, progress=progress)
     return target
 

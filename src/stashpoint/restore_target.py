@@ -13,6 +13,10 @@ sender's, so imported branches are bound to no directory until the user names on
 artifacts are written only under a directory the user names or, with explicit consent,
 at the paths recorded with them, and never over the store's own files.
 
+A new directory for a branch (``fork --into``, ``import --into``) lies outside every workspace
+of the store and outside the store: inside a workspace, that workspace's snapshots would take
+in the new branch's files and its rewinds delete them (unsaved work of the other branch).
+
 The binding is kept in the store's metadata (``workspace:["session","branch"]``): written
 by this machine's own checkpoints and restores, never by an import.
 """
@@ -20,6 +24,7 @@ by this machine's own checkpoints and restores, never by an import.
 from __future__ import annotations
 
 import os
+import stat
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -27,7 +32,7 @@ from typing import TYPE_CHECKING
 from .errors import (
     RestoreRefused,
 )
-from .metakeys import workspace_key
+from .metakeys import WORKSPACE, workspace_key
 from .urls import parse_store_url
 
 if TYPE_CHECKING:
@@ -40,10 +45,13 @@ __all__ = [
     "bind",
     "bound_to",
     "check_artifact_target",
+    "check_fetch_target",
+    "check_new_workspace",
     "check_workspace",
     "unbind",
     "undo_command",
     "usable",
+    "workspaces_of",
 ]
 
 UNBOUND = ""
@@ -58,7 +66,10 @@ _RELATIVE = "rel:"
 def bound_to(store: Store, session: str, branch: str) -> str | None:
     """The directory ``branch`` is bound to; ``UNBOUND`` (imported, no directory yet), or
     None when nothing was ever recorded (a new branch, or a store older than bindings)."""
-    raw = store.meta.get_meta(workspace_key(session, branch))
+    return _decoded(store, store.meta.get_meta(workspace_key(session, branch)))
+
+
+def _decoded(store: Store, raw: str | None) -> str | None:
     if raw is not None and raw.startswith(_RELATIVE):
         if store.home is None:
             return UNBOUND
@@ -128,6 +139,43 @@ def check_workspace(
     )
 
 
+def workspaces_of(store: Store) -> list[Path]:
+    """Every directory a branch of ``store`` (any session) is bound to and that still
+    exists: the directories whose snapshots and rewinds this store makes. (Not the directory
+    holding the store: ``./.stashpoint`` beside ``repo/`` and ``repo-b/`` is a layout.)"""
+    found = [_decoded(store, raw) for _key, raw in store.meta.iter_meta(WORKSPACE)]
+    return [Path(str(p)) for p in found if usable(p)]
+
+
+def check_new_workspace(dest: Path, *, own: Iterable[Path], workspaces: Iterable[Path]) -> None:
+    """Refuse to make ``dest`` (absolute) a branch's new directory (``fork --into``,
+    ``import --into``) when it is, holds or lies inside the store (``own``) or a workspace
+    (``workspaces``): nested in a workspace, the new branch's files would be snapshotted by
+    that workspace's branch and deleted by its next rewind; holding one, the reverse. Checked
+    before anything is written, so a refused command creates nothing."""
+    dest = Path(os.path.normpath(dest))
+    for path in own:
+        path = path.resolve()
+        if dest == path or path in dest.parents or dest in path.parents:
+            raise RestoreRefused(
+                f"refusing to write into {dest}: it holds or is inside the store {path}"
+            )
+    for ws in dict.fromkeys(Path(os.path.realpath(w)) for w in workspaces):
+        if ws in dest.parents:
+            where, hint = "inside the workspace", f", such as {_quote(ws.parent / dest.name)}"
+        elif dest == ws:
+            where, hint = "the workspace", ""
+        elif dest in ws.parents:
+            where, hint = "a parent of the workspace", ""
+        else:
+            continue
+        raise RestoreRefused(
+            f"refusing to write into {dest}: it is {where} {ws}, whose snapshots would take "
+            "in the new branch's files and whose rewinds would delete them; choose a "
+            f"directory outside it{hint}"
+        )
+
+
 def artifact_destinations(
     wanted: Mapping[str, str | os.PathLike[str] | None],
     recorded: Mapping[str, str],
@@ -179,6 +227,29 @@ def check_artifact_target(name: str, target: Path, protected: Iterable[Path]) ->
                 f"refusing to restore artifact {name!r} to {where}: that is the store's own file"
             )
     return where
+
+
+def check_fetch_target(name: str, target: Path, *, overwrite: bool) -> None:
+    """Refuse to fetch an artifact (``show --artifact NAME -o DIR``) over anything but a new
+    path, or with ``overwrite`` a regular file. The file name under DIR comes from the
+    checkpoint (from a bundle, possibly): ``-o ~`` replaced ``~/.bashrc`` silently, where
+    ``export -o`` needs ``--overwrite``. A symlink, directory or device there is never
+    replaced or followed, ``overwrite`` or not."""
+    try:
+        mode = os.lstat(target).st_mode
+    except FileNotFoundError:
+        return
+    if not stat.S_ISREG(mode):
+        kind = "a symlink" if stat.S_ISLNK(mode) else "not a regular file"
+        raise RestoreRefused(
+            f"refusing to write artifact {name!r} to {target}: it exists and is {kind}; "
+            "choose another name (-o FILE)"
+        )
+    if not overwrite:
+        raise RestoreRefused(
+            f"refusing to replace {target} with artifact {name!r}: it exists; choose another "
+            "name (-o FILE) or pass --overwrite (Python: overwrite=True)"
+        )
 
 
 def undo_command(

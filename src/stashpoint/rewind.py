@@ -674,12 +674,11 @@ def _materialise(self: Session, dest: Path, target: Checkpoint, branch: str) -> 
     is set to ``target`` once they are there."""
     if dest.exists() and (not dest.is_dir() or any(dest.iterdir())):
         raise UsageError(f"{dest} exists and is not an empty directory")
-    for own in self.store.own_paths:
-        own = own.resolve()
-        if dest == own or own in dest.parents or dest in own.parents:
-            raise restore_target.RestoreRefused(
-                f"refusing to write into {dest}: it holds or is inside the store {own}"
-            )
+    restore_target.check_new_workspace(
+        dest,
+        own=self.store.own_paths,
+        workspaces=[*restore_target.workspaces_of(self.store), *([self.root] if self.root else [])],
+    )
     created = not dest.exists()
     dest.mkdir(parents=True, exist_ok=True)
     other = type(self)(self.store, self.name, workspace=dest, branch=branch, force=True, bind=True)

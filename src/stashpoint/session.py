@@ -361,6 +361,14 @@ class Session(Reading, Binding, KnownConversation, Restoring, Editing, DurableMe
                     StashpointWarning,
                     stacklevel=3,
                 )
+            if result.mounts:
+                shown = ", ".join(result.mounts[:5]) + (" …" if len(result.mounts) > 5 else "")
+                warnings.warn(
+                    f"left out {len(result.mounts)} mount point(s), another filesystem mounted "
+                    f"in the workspace: {shown}; a rewind leaves them as they are",
+                    StashpointWarning,
+                    stacklevel=3,
+                )
             head = self.head
             if (
                 skip_unchanged

@@ -98,8 +98,9 @@ def _emit_checked(ctx: Ctx, bundle: Bundle) -> None:
     "--into",
     type=click.Path(file_okay=False),
     metavar="DIR",
-    help="Also write the imported branch's files into DIR (new or empty), which then follows "
-    "it. Without it, an imported session is bound to no directory until you name one.",
+    help="Also write the imported branch's files into DIR (new or empty, outside this store's "
+    "workspaces), which then follows it. Without it, an imported session is bound to no "
+    "directory until you name one.",
 )
 @click.option(
     "--max-size",
@@ -195,10 +196,12 @@ def import_cmd(
                 beside_store = _into_store_dir(Path(into).resolve(), url)
         else:
             try:
-                ctx.locate()  # a dry run never creates a store
+                url, _r, _s, _b = ctx.locate()  # a dry run never creates a store
             except click.ClickException:
                 _emit_checked(ctx, bundle)
                 return
+        if into is not None and not beside_store:
+            _check_into(ctx, url, Path(into).resolve())
         store = ctx.store(create=not dry_run)
         with ByteProgress("import", enabled=not ctx.json) as progress:
             rep = import_bundle(
@@ -226,6 +229,22 @@ def import_cmd(
             else ""
         ),
     )
+
+
+def _check_into(ctx: Ctx, url: str, dest: Path) -> None:
+    """``--into`` outside the store and its workspaces, checked before the store is made."""
+    from .. import restore_target
+    from ._app import local_path
+
+    home = local_path(url)
+    if home is not None and not home.exists():  # made by this import: nothing bound yet
+        own, workspaces = [home], []
+    else:
+        store = ctx.store()
+        own, workspaces = list(store.own_paths), restore_target.workspaces_of(store)
+    if dest.exists() and (not dest.is_dir() or any(dest.iterdir())):
+        raise click.UsageError(f"--into {dest}: exists and is not an empty directory")
+    restore_target.check_new_workspace(dest, own=own, workspaces=workspaces)
 
 
 def _into_branch(bundle: Bundle, into: str) -> str:

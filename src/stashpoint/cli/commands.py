@@ -263,10 +263,24 @@ def log(ctx: Ctx, graph: bool, limit: int | None) -> None:
     metavar="FILE",
     help="Where --artifact writes (atomically; a directory gets the original name; - for stdout).",
 )
+@click.option(
+    "--overwrite", is_flag=True, help="With --artifact: replace the file at -o if it exists."
+)
 @json_option
 @pass_ctx
-def show(ctx: Ctx, ref: str, list_files: bool, artifact: str | None, output: str | None) -> None:
+def show(
+    ctx: Ctx,
+    ref: str,
+    list_files: bool,
+    artifact: str | None,
+    output: str | None,
+    overwrite: bool,
+) -> None:
     """Show one checkpoint: metadata, state, a workspace summary and its artifacts.
+
+    --artifact NAME -o PATH never replaces an existing file without --overwrite (exit 1),
+    and never a symlink, directory or device: with -o DIR the file name comes from the
+    checkpoint, possibly from an imported bundle.
 
     \b
     Example:
@@ -277,7 +291,7 @@ def show(ctx: Ctx, ref: str, list_files: bool, artifact: str | None, output: str
 
     session = ctx.session(files=False)
     if artifact is not None or output is not None:
-        _fetch_artifact(ctx, session, ref, artifact, output)
+        _fetch_artifact(ctx, session, ref, artifact, output, overwrite)
         return
     cp = session.get(ref)
     from ..retention import PrunedError
@@ -356,7 +370,7 @@ def show(ctx: Ctx, ref: str, list_files: bool, artifact: str | None, output: str
 
 
 def _fetch_artifact(
-    ctx: Ctx, session: Session, ref: str, name: str | None, output: str | None
+    ctx: Ctx, session: Session, ref: str, name: str | None, output: str | None, overwrite: bool
 ) -> None:
     if name is None or output is None:
         raise click.UsageError("--artifact NAME and -o FILE go together")
@@ -370,7 +384,7 @@ def _fetch_artifact(
         out.flush()
         return
     with ByteProgress(f"fetching {name}", enabled=not ctx.json) as progress:
-        path = session.fetch_artifact(cp, name, output, progress=progress)
+        path = session.fetch_artifact(cp, name, output, overwrite=overwrite, progress=progress)
     art = cp.artifacts[name]
     emit(
         ctx,
@@ -590,6 +604,10 @@ def fork(ctx: Ctx, ref: str, branch: str | None, into: str | None, no_keep_hooks
 
     Forked here (without --into), this workspace's files become the checkpoint's, after a
     safety checkpoint; stashpoint's agent hooks stay installed, as with rewind.
+
+    --into DIR must be new or empty, and outside this workspace and the store: inside it,
+    this workspace's snapshots would take in the new branch's files and its rewinds delete
+    them. A refused fork (exit 1) creates nothing.
 
     \b
     Example (A/B run on identical state):

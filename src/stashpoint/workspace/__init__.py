@@ -6,12 +6,13 @@ import contextlib
 import hashlib
 import os
 import stat
+import warnings
 from collections.abc import Iterator
 from pathlib import Path
 
 from .. import config
 from ..blobs.objects import Blobs
-from ..errors import IntegrityError, UsageError
+from ..errors import IntegrityError, StashpointWarning, UsageError
 from ..model import TreeEntry
 from ..stores.base import BlobRow
 from .restore import Restorer, RestoreStats, clean_temp_files
@@ -183,8 +184,18 @@ class Workspace:
         """Make the directory (now tree ``current``) match ``target``, then check every path
         the restore touched. Paths it did not touch were equal in both trees."""
         restorer = Restorer(self.reader)
-        stats = restorer.apply(os.fsencode(self.root), current, target)
+        mounts = self.watcher.mounts() if self.watcher is not None else None
+        stats = restorer.apply(os.fsencode(self.root), current, target, mounts)
         self._check_touched(restorer.touched, set(stats.kept_dirs))
+        if stats.mounts:
+            shown = ", ".join(os.fsdecode(p) for p in stats.mounts[:5])
+            warnings.warn(
+                f"left {len(stats.mounts)} mount point(s) in {self.root} as they are: {shown}"
+                f"{' …' if len(stats.mounts) > 5 else ''}; another filesystem mounted in the "
+                "workspace is not restored (unmount it first to restore what is under it)",
+                StashpointWarning,
+                stacklevel=2,
+            )
         return stats
 
     def _check_touched(
@@ -217,13 +228,15 @@ class Workspace:
     def verify_equals(self, target: bytes, kept_dirs: list[bytes] | None = None) -> None:
         """Re-scan and check the directory now matches ``target``.
 
-        The only difference allowed is ``kept_dirs``: directories the restore could not remove
-        because they hold ignored files (which it never touches).
+        The only differences allowed are ``kept_dirs``, directories the restore could not
+        remove because they hold ignored files (which it never touches), and whatever is at
+        or below a mount point (which it leaves as it is).
         """
         result, pending = self.scan()
         if pending:
             self.blobs.meta.put_blobs(pending)
         allowed = set(kept_dirs or ())
+        mounts = {os.fsencode(m) for m in result.mounts}
         extra = [
             c
             for c in self.reader.diff(target, result.tree)
@@ -233,6 +246,7 @@ class Workspace:
                 and c.new.kind == "d"
                 and (c.path in allowed or c.path.rpartition(b"/")[0] in allowed)
             )
+            and not (mounts and _at_or_below(c.path, mounts))
         ]
         if extra:
             raise IntegrityError(
@@ -243,3 +257,11 @@ class Workspace:
 
     def clean_temp_files(self) -> int:
         return clean_temp_files(os.fsencode(self.root))
+
+
+def _at_or_below(path: bytes, tops: set[bytes]) -> bool:
+    while path:
+        if path in tops:
+            return True
+        path = path.rpartition(b"/")[0]
+    return False

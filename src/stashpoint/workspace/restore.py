@@ -8,7 +8,9 @@ temporary name and renamed into place; directory modes are applied after their c
 read-only directory can still be filled.
 
 Paths that are not in the current tree (ignored files, the store) are never touched; a directory
-that still holds such paths is left in place instead of being removed.
+that still holds such paths is left in place instead of being removed. A mount point (another
+filesystem: see :mod:`.mounts`) is left in place as well: nothing in it or at it is deleted,
+written or chmodded, whatever either tree says is there.
 
 Durability: restored files are *not* fsynced, one by one or at the end. Both versions of every
 file are already durable in the store (the target snapshot, and the safety checkpoint taken
@@ -41,6 +43,7 @@ from ..errors import (
     StashpointError,
 )
 from ..model import TreeEntry
+from .mounts import mount_points
 from .tree import TreeReader, validate_name
 
 __all__ = ["RestoreBlocked", "RestoreImpossible", "RestoreStats", "Restorer", "clean_temp_files"]
@@ -135,6 +138,8 @@ class RestoreStats:
     modes: int = 0
     kept_dirs: list[bytes] = field(default_factory=list)
     """Directories not removed because they hold ignored files (relative paths)."""
+    mounts: list[bytes] = field(default_factory=list)
+    """Mount points left as they were (relative paths)."""
 
 
 class Restorer:
@@ -148,6 +153,10 @@ class Restorer:
         self._prefetched: dict[bytes, bytes] = {}
         self._at = b""
         """The path being restored now (named by an error that names none)."""
+        self._mounts: frozenset[bytes] = frozenset()
+        """Mount points below the root (relative paths), never entered or replaced."""
+        self._dev = 0
+        """The root's device: a directory found on another one is a mount point too."""
 
     def _plan(self, root: int, current: bytes | None, target: bytes) -> None:
         """One walk over what differs, before anything is written, that
@@ -174,6 +183,8 @@ class Restorer:
                 if c == t:
                     continue
                 crel = rel + b"/" + name if rel else name
+                if self._mounts and crel in self._mounts:
+                    continue
                 if c is None and check:
                     self._refuse_if_present(root, crel, crel, t.kind)
                 elif c is not None and c.kind == "d" and t.kind != "d":
@@ -196,10 +207,19 @@ class Restorer:
         if wanted:
             self._prefetched = self.blobs.read_many(list(dict.fromkeys(wanted)))
 
-    def apply(self, root: bytes, current: bytes | None, target: bytes) -> RestoreStats:
-        """Turn ``root`` (whose content is tree ``current``) into tree ``target``."""
+    def apply(
+        self,
+        root: bytes,
+        current: bytes | None,
+        target: bytes,
+        mounts: frozenset[bytes] | None = None,
+    ) -> RestoreStats:
+        """Turn ``root`` (whose content is tree ``current``) into tree ``target``
+        (``mounts``: the mount points below it, when the caller has them already)."""
         fd = os.open(root, _DIR_FLAGS)
         try:
+            self._dev = os.fstat(fd).st_dev
+            self._mounts = mount_points(root) if mounts is None else mounts
             self._plan(fd, current, target)
             self._sync(fd, current, target, b"")
         except OSError as exc:
@@ -249,6 +269,9 @@ class Restorer:
         for name in sorted({name for name, _e in cur.items() ^ tgt.items()}):
             c, t = cur.get(name), tgt.get(name)
             crel = rel + b"/" + name if rel else name
+            if self._mounts and crel in self._mounts:
+                self._leave_mount(crel)
+                continue
             self._at = crel
             self.touched.append((crel, t))
             if not validate_name(name):  # pragma: no cover - TreeReader already refuses these
@@ -268,6 +291,8 @@ class Restorer:
                 if c.ref != t.ref:
                     sub = os.open(name, _DIR_FLAGS, dir_fd=dfd)
                     try:
+                        if self._foreign(sub, crel):
+                            continue
                         self._sync(sub, c.ref, t.ref, crel)
                     finally:
                         os.close(sub)
@@ -290,6 +315,8 @@ class Restorer:
             except FileNotFoundError:
                 return
             try:
+                if self._foreign(sub, rel):
+                    return
                 os.fchmod(sub, 0o700)  # a read-only directory must still be emptied
                 self._sync(sub, entry.ref, None, rel)
             finally:
@@ -321,13 +348,17 @@ class Restorer:
         elif entry.kind == "l":
             self._write_link(dfd, name, entry)
         else:
+            existed = False
             try:
                 os.mkdir(name, 0o700, dir_fd=dfd)
                 self.stats.dirs_created += 1
             except FileExistsError:
                 self._refuse_if_present(dfd, name, rel, "d")
+                existed = True
             sub = os.open(name, _DIR_FLAGS, dir_fd=dfd)
             try:
+                if existed and self._foreign(sub, rel):
+                    return
                 self._sync(sub, None, entry.ref, rel)
                 os.fchmod(sub, entry.mode)
             finally:
@@ -395,10 +426,26 @@ class Restorer:
     def _chmod(self, dfd: int, name: bytes, mode: int) -> None:
         fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW, dir_fd=dfd)
         try:
+            if self._foreign(fd, self._at):
+                return
             os.fchmod(fd, mode)
         finally:
             os.close(fd)
         self.stats.modes += 1
+
+    def _foreign(self, fd: int, rel: bytes) -> bool:
+        """Whether ``fd`` (a directory about to be entered or changed) is on another device
+        than the root: a mount point the mount table did not list. Left in place."""
+        if os.fstat(fd).st_dev == self._dev:
+            return False
+        self._leave_mount(rel)
+        return True
+
+    def _leave_mount(self, rel: bytes) -> None:
+        if self.touched and self.touched[-1][0] == rel:
+            self.touched.pop()  # (not changed: the check after the restore skips it)
+        if rel not in self.stats.mounts:
+            self.stats.mounts.append(rel)
 
 
 def _holds_ignored(rel: bytes, names: str, kind: str) -> RestoreBlocked:
@@ -431,9 +478,11 @@ def _some_names(dfd: int, name: bytes) -> str:
 
 
 def clean_temp_files(root: bytes) -> int:
-    """Remove temp files an interrupted restore left behind; returns how many."""
+    """Remove temp files an interrupted restore left behind; returns how many. Never in a
+    mount point: a restore writes none there."""
     return sweep_temp_files(
         Path(os.fsdecode(root)),
         skip_dirs=frozenset({".git", ".stashpoint"}),
         only_dead_writers=False,  # restore temp names carry no pid; the journal says they are ours
+        mounts=frozenset(os.fsdecode(root + b"/" + m) for m in mount_points(root)),
     )

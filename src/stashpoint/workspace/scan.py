@@ -25,6 +25,7 @@ from ..blobs.objects import BlobWriter
 from ..errors import StashpointError
 from ..model import TreeEntry
 from .ignore import ALWAYS_EXCLUDED, IGNORE_FILES, IgnoreContext
+from .mounts import mount_points
 from .statcache import FileCacheEntry, StatCache, TreeCacheEntry, is_racy, racy_after
 from .tree import TreeReader
 from .watch import Watcher
@@ -96,7 +97,7 @@ def encode_tree(entries: list[TreeEntry]) -> bytes:
 
 
 class ScanResult:
-    __slots__ = ("bytes", "files", "read_bytes", "read_files", "skipped", "tree")
+    __slots__ = ("bytes", "files", "mounts", "read_bytes", "read_files", "skipped", "tree")
 
     def __init__(
         self,
@@ -106,6 +107,7 @@ class ScanResult:
         read_files: int = 0,
         read_bytes: int = 0,
         skipped: list[str] | None = None,
+        mounts: list[str] | None = None,
     ) -> None:
         self.tree = tree
         self.files = files
@@ -114,12 +116,14 @@ class ScanResult:
         self.read_bytes = read_bytes
         self.skipped: list[str] = [] if skipped is None else skipped
         """Paths left out because they are neither file, directory nor symlink."""
+        self.mounts: list[str] = [] if mounts is None else mounts
+        """Mount points left out: another filesystem, not the workspace's (see mounts)."""
 
     def __repr__(self) -> str:
         return (
             f"ScanResult(tree={self.tree!r}, files={self.files!r}, bytes={self.bytes!r}, "
             f"read_files={self.read_files!r}, read_bytes={self.read_bytes!r}, "
-            f"skipped={self.skipped!r})"
+            f"skipped={self.skipped!r}, mounts={self.mounts!r})"
         )
 
     def __eq__(self, other: object) -> bool:
@@ -160,6 +164,10 @@ class Scanner:
         self._reader = reader if reader is not None else TreeReader(writer.blobs)
         """Reads stored trees (watch mode) and remembers the trees this scan encodes."""
         self.exclude = exclude
+        self._mounts: frozenset[bytes] = frozenset()
+        """Absolute paths of the mount points below the root (also in ``exclude``)."""
+        self._dev = 0
+        """The root's device: a directory on another one is a mount point."""
         self.progress = progress
         self._racy = racy_after()
         self._racy_after = self._racy[0]  # the hot loop's test; whole seconds: see is_racy
@@ -179,6 +187,12 @@ class Scanner:
         try:
             with gc_paused():
                 root_st = os.stat(self.root)
+                self._dev = root_st.st_dev
+                w = self.watcher
+                mounts = w.mounts() if w is not None else mount_points(self.root)
+                if mounts:
+                    self._mounts = frozenset(self.root + b"/" + m for m in mounts)
+                    self.exclude = self.exclude | self._mounts
                 digest, nfiles, nbytes, _c = self._scan_dir(
                     self.root, b"", IgnoreContext.root(), root_st
                 )
@@ -240,6 +254,8 @@ class Scanner:
         racy_after = self._racy_after
         check_ignores = not ctx.empty
         exclude = self.exclude
+        dev = self._dev
+        mounted = False
         links: list[bytes] | None = [] if w is not None else None
         if known is not None and dirty is not None:
             # Watch mode: a name without an event since the last snapshot, still listed with
@@ -273,6 +289,9 @@ class Scanner:
             mode = st.st_mode
             if mode & _S_IFMT == _S_IFREG:
                 if exclude and e.path in exclude:
+                    if e.path in self._mounts:  # (a file bind-mounted here)
+                        mounted = True
+                        self._leave_out_mount(crel, ctx, False)
                     continue  # the store's own database, kept in the workspace
                 if links is not None and st.st_nlink > 1:
                     links.append(name)
@@ -300,7 +319,10 @@ class Scanner:
                     nbytes += size
                 nfiles += 1
             elif mode & _S_IFMT == _S_IFDIR:
-                if e.path in exclude:
+                if e.path in exclude or st.st_dev != dev:
+                    if st.st_dev != dev or e.path in self._mounts:
+                        mounted = True
+                        self._leave_out_mount(crel, ctx, True)
                     continue
                 if check_ignores and not (trusted and crel in old.dirs) and ctx.ignored(crel, True):
                     continue
@@ -322,7 +344,12 @@ class Scanner:
                 self._result.skipped.append(os.fsdecode(crel))
         if w is not None and links is not None:
             w.set_links(rel, links)
-        if reusable and cached is not None and self._result.read_files == reads_before:
+        if (
+            reusable
+            and not mounted
+            and cached is not None
+            and self._result.read_files == reads_before
+        ):
             self.new.trees[rel] = cached
             return cached[4], nfiles, nbytes, False
         entries = [
@@ -330,16 +357,24 @@ class Scanner:
             for n, v in zip(names, found, strict=True)
         ]
         digest = self._store_tree(entries, cached[4] if cached is not None else None)
-        if not is_racy(dst.st_mtime_ns, self._racy):
+        if not mounted and not is_racy(dst.st_mtime_ns, self._racy):
             self.new.trees[rel] = (*dkey, digest, nfiles, nbytes)
         else:
             # Racy: a scan may not infer "listing unchanged" from this stat (mtime -1 never
             # matches), but watch mode, which relies on events instead, may reuse the tree.
+            # So with a mount point left out: mounting or unmounting does not change the
+            # directory's stat, and the next scan must look at that name again.
             self.new.trees[rel] = (-1, -1, -1, ctx.signature, digest, nfiles, nbytes)
         # "Changed" for the parent: new content, or this directory's own inode changed (a
         # chmod changes only its ctime and its mode, which the parent's tree records).
         changed = cached is None or cached[4] != digest or cached[:3] != dkey[:3]
         return digest, nfiles, nbytes, changed
+
+    def _leave_out_mount(self, rel: bytes, ctx: IgnoreContext, is_dir: bool) -> None:
+        """A mount point is not the workspace's: left out of the snapshot (named in the
+        result for a warning, unless the ignore rules leave it out anyway)."""
+        if ctx.empty or not ctx.ignored(rel, is_dir):
+            self._result.mounts.append(os.fsdecode(rel))
 
     def _store_tree(self, entries: list[TreeEntry], had: bytes | None = None) -> bytes:
         """Encode one directory's tree object, queue it for storing, return its digest

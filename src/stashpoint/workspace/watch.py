@@ -8,13 +8,15 @@ Correctness rests on three rules:
 - events are drained synchronously at snapshot time (no background thread between the kernel
   queue and us), so every change made before the snapshot call is seen by it;
 - anything we cannot vouch for falls back to scanning: queue overflow, a failed watch, a changed
-  ignore file, a directory moved or deleted, or no inotify at all.
+  ignore file, a directory moved or deleted, a mount made or removed below the root (which
+  makes no event), or no inotify at all.
 """
 
 from __future__ import annotations
 
 import errno
 import os
+import select
 import struct
 import sys
 from typing import TYPE_CHECKING
@@ -23,6 +25,7 @@ if TYPE_CHECKING:
     import ctypes
 
 from .ignore import ALWAYS_EXCLUDED, IGNORE_FILES
+from .mounts import MOUNT_TABLE, mount_points
 
 __all__ = ["Watcher", "watch_supported"]
 
@@ -115,11 +118,19 @@ class Watcher:
         """Directory -> its files with more than one hard link. Writing through a link outside
         the watched directory names no watched path in any event, so these are never
         vouched for: every snapshot stats them again."""
+        self._mounts: frozenset[bytes] | None = None
+        """The mount points below the root, as last read (see :mod:`.mounts`)."""
+        self._mount_fd = -1
+        self._mount_table: select.poll | None = None
+        """Polls the mount table, which reports a change (POLLPRI) once after each."""
 
     def close(self) -> None:
         if self.fd >= 0:
             os.close(self.fd)
             self.fd = -1
+        if self._mount_fd >= 0:
+            os.close(self._mount_fd)
+            self._mount_fd = -1
 
     def __del__(self) -> None:
         self.close()
@@ -136,6 +147,27 @@ class Watcher:
             return
         self._wd_rel[wd] = rel
         self._rel_wd[rel] = wd
+
+    def mounts(self) -> frozenset[bytes]:
+        """The mount points below the root. A mount made or removed changes what a path
+        shows without an event in the directory above, so a change voids every promise. The
+        table is read again only when a poll on it says it changed (one syscall a snapshot,
+        not the ~30 µs of reading it)."""
+        if self._mount_table is None:
+            try:  # opened before the first read: a change after it is reported
+                fd = os.open(MOUNT_TABLE, os.O_RDONLY | os.O_CLOEXEC)
+            except OSError:
+                fd = -1
+            self._mount_fd = fd
+            self._mount_table = select.poll()
+            if fd >= 0:
+                self._mount_table.register(fd, select.POLLPRI)
+        if self._mounts is None or self._mount_fd < 0 or self._mount_table.poll(0):
+            mounts = mount_points(self.root)
+            if mounts != self._mounts:
+                self.everything, self._mounts = True, mounts
+        assert self._mounts is not None
+        return self._mounts
 
     def is_clean(self, rel: bytes) -> bool:
         """No event in this directory itself since the last snapshot."""
