@@ -16,12 +16,8 @@ from __future__ import annotations
 import errno
 import os
 import struct
-import sys
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:
-    import ctypes
-
+from ._libc import libc as _lib
 from .ignore import ALWAYS_EXCLUDED, IGNORE_FILES
 
 __all__ = ["Watcher", "watch_supported"]
@@ -57,28 +53,6 @@ _MASK = (
 _EVENT = struct.Struct("iIII")
 _NO_NAMES: frozenset[bytes] = frozenset()
 _TMP_PREFIX = b".stashpoint-tmp-"
-
-_libc: ctypes.CDLL | None = None
-
-
-def _lib() -> ctypes.CDLL | None:
-    """libc, loaded on first use: ctypes and its ``find_library`` (which imports shutil,
-    subprocess and tempfile, and runs ``ldconfig``) would cost every CLI run ~6 ms."""
-    global _libc
-    if _libc is None and sys.platform.startswith("linux"):
-        import ctypes
-
-        try:
-            _libc = ctypes.CDLL("libc.so.6", use_errno=True)  # glibc
-        except OSError:
-            import ctypes.util
-
-            name = ctypes.util.find_library("c")  # musl and others
-            try:
-                _libc = ctypes.CDLL(name, use_errno=True) if name else None
-            except OSError:
-                return None
-    return _libc
 
 
 def watch_supported() -> bool:
