@@ -275,7 +275,7 @@ def main() -> None:
         phase_samples: dict[str, list[list[float]]] = {}
         requests = status()["requests"]
         if args.strace:
-            how = ["-c"] if args.strace == "count" else ["-tt"]
+            how = ["-c"] if args.strace == "count" else ["-tt", "-T"]
             tracer = subprocess.Popen(
                 ["strace", "-f", *how, "-p", str(daemon.pid), "-o", str(tmp / "strace.txt")],
                 stderr=subprocess.DEVNULL,
