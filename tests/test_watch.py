@@ -112,7 +112,8 @@ def test_watch_mode_reads_only_the_changed_directory(tmp_path: Path) -> None:
         cp = run.checkpoint()
     finally:
         os.scandir = real_scandir
-    assert [os.path.basename(p) for p in listed] == [b"d7"]
+    # d7's events name f3.txt: only that name is looked at, no directory is listed again
+    assert listed == []
     assert cp.workspace is not None and cp.workspace.files == 400
     assert cp.workspace.tree == _reference_tree(tmp_path, ws, 1)
 
@@ -223,3 +224,53 @@ def test_a_queue_overflow_makes_the_next_snapshot_a_full_scan(tmp_path: Path) ->
     store.close()
     assert cp.workspace is not None
     assert cp.workspace.tree == _reference_tree(tmp_path, ws, 0)
+
+
+def test_an_ignore_file_that_ignores_itself_still_rules_in_watch_mode(tmp_path: Path) -> None:
+    """A directory with events is not listed again when its stored tree vouches for it; an
+    ignore file in no stored tree (it ignores itself) still decides below it."""
+    ws = tmp_path / "ws"
+    (ws / "a" / "sub").mkdir(parents=True)
+    (ws / "a" / ".gitignore").write_text(".gitignore\n*.log\n")
+    (ws / "a" / "keep.txt").write_text("keep")
+    (ws / "a" / "sub" / "x.txt").write_text("x")
+    run = stashpoint.open(tmp_path / "store").session("s", workspace=ws, watch=True)
+    run.checkpoint()
+    (ws / "a" / "new.txt").write_text("new")  # an event in a/
+    (ws / "a" / "sub" / "z.log").write_text("ignored")
+    cp = run.checkpoint()
+    assert cp.workspace is not None
+    assert cp.workspace.tree == _reference_tree(tmp_path, ws, 0)
+    assert cp.workspace.files == 3  # keep.txt, new.txt, sub/x.txt
+
+
+def test_watch_mode_names_each_kind_of_change_in_a_directory(tmp_path: Path) -> None:
+    """Every change a directory's events name, without listing it: a file replaced by a
+    directory and back, a symlink retargeted, a file moved in and one moved out, a
+    deletion, a new subdirectory, a mode change, and an unchanged sibling kept as stored."""
+    ws = tmp_path / "ws"
+    d = ws / "d"
+    (d / "sub").mkdir(parents=True)
+    for name in ("f1", "f2", "f3", "f4", "f5", "same"):
+        (d / name).write_text(name)
+    (d / "sub" / "inner").write_text("inner")
+    (ws / "elsewhere").write_text("moved in")
+    os.symlink("f1", d / "link")
+    run = stashpoint.open(tmp_path / "store").session("s", workspace=ws, watch=True)
+    run.checkpoint()
+    steps = [
+        lambda: ((d / "f1").unlink(), (d / "f1").mkdir(), (d / "f1" / "x").write_text("x")),
+        lambda: (os.unlink(d / "link"), os.symlink("f2", d / "link")),
+        lambda: os.rename(ws / "elsewhere", d / "in"),
+        lambda: os.rename(d / "f3", ws / "out"),
+        lambda: (d / "f4").unlink(),
+        lambda: ((d / "new").mkdir(), (d / "new" / "n").write_text("n")),
+        lambda: (d / "f5").chmod(0o600),
+        lambda: (shutil.rmtree(d / "f1"), (d / "f1").write_text("file again")),
+        lambda: (shutil.rmtree(d / "sub"), (d / "sub").write_text("was a directory")),
+    ]
+    for i, step in enumerate(steps):
+        step()
+        cp = run.checkpoint()
+        assert cp.workspace is not None
+        assert cp.workspace.tree == _reference_tree(tmp_path, ws, i), f"step {i}"

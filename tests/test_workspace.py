@@ -446,3 +446,86 @@ def test_a_mode_restored_on_a_hard_linked_file_leaves_the_other_link_alone(
     assert (ws / "f.txt").stat().st_mode & 0o777 == 0o644
     assert (ws / "f.txt").read_text() == "shared\n"
     assert outside.stat().st_mode & 0o777 == 0o600  # not the restore's to change
+
+
+def test_a_replaced_file_is_exchanged_for_its_new_content_and_the_old_one_freed(
+    tmp_path: Path, store: stashpoint.Store, monkeypatch: Any
+) -> None:
+    """A file the restore rewrites is exchanged with its new content (where the system can):
+    no temp file is left, a hard link elsewhere keeps the old content, and one failure the
+    file system gives for "cannot exchange" sends the rest of the restore to plain renames."""
+    from stashpoint.workspace import restore
+
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    for name in ("a.txt", "b.txt", "c.txt"):
+        (ws / name).write_text(f"{name} v1\n")
+    outside = tmp_path / "outside.txt"
+    os.link(ws / "a.txt", outside)
+    run = store.session("s", workspace=ws)
+    first = run.checkpoint()
+    for name in ("a.txt", "b.txt", "c.txt"):
+        (ws / name).unlink()  # (a.txt: outside.txt keeps v1)
+        (ws / name).write_text(f"{name} v2\n")
+    run.checkpoint()
+    calls: list[bytes] = []
+    real = restore._exchange
+
+    def counting(dfd: int, a: bytes, b: bytes) -> int:
+        calls.append(b)
+        return real(dfd, a, b)
+
+    monkeypatch.setattr(restore, "_exchange", counting)
+    run.rewind(first.id)
+    assert {p.name: p.read_text() for p in ws.iterdir()} == {
+        n: f"{n} v1\n" for n in ("a.txt", "b.txt", "c.txt")
+    }
+    assert outside.read_text() == "a.txt v1\n"
+    assert len(calls) == (3 if sys.platform.startswith("linux") else 0)
+    # A file system that cannot exchange: asked once, then renamed over.
+    for name in ("a.txt", "b.txt", "c.txt"):
+        (ws / name).write_text(f"{name} v3\n")
+    run.checkpoint()
+    calls.clear()
+    monkeypatch.setattr(restore, "_exchange", lambda dfd, a, b: calls.append(b) or 22)  # EINVAL
+    run.rewind(first.id)
+    assert {p.name: p.read_text() for p in ws.iterdir()} == {
+        n: f"{n} v1\n" for n in ("a.txt", "b.txt", "c.txt")
+    }
+    assert len(calls) == (1 if sys.platform.startswith("linux") else 0)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="renameat2 is Linux's")
+def test_a_directory_put_where_a_file_is_being_restored_is_left_in_place(
+    tmp_path: Path, store: stashpoint.Store, monkeypatch: Any
+) -> None:
+    """A directory made where the restore is about to replace a file would be exchanged
+    into the temp name: it is exchanged back, and the restore fails as a rename over a
+    directory fails, never removing what is in it."""
+    from stashpoint.errors import StashpointError
+    from stashpoint.workspace import restore
+
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    (ws / "f.txt").write_text("v1\n")
+    run = store.session("s", workspace=ws)
+    first = run.checkpoint()
+    (ws / "f.txt").write_text("v2, longer\n")
+    run.checkpoint()
+    real = restore._exchange
+    calls: list[bytes] = []
+
+    def intruder(dfd: int, a: bytes, b: bytes) -> int:
+        calls.append(b)
+        if len(calls) == 1:  # (not the exchange back)
+            (ws / "f.txt").unlink()
+            (ws / "f.txt").mkdir()
+            (ws / "f.txt" / "theirs").write_text("keep me\n")
+        return real(dfd, a, b)
+
+    monkeypatch.setattr(restore, "_exchange", intruder)
+    with pytest.raises(StashpointError, match=r"f\.txt"):
+        run.rewind(first.id)
+    assert (ws / "f.txt" / "theirs").read_text() == "keep me\n"
+    assert [p.name for p in ws.iterdir()] == ["f.txt"]  # no temp file left
+    assert len(calls) == 2

@@ -21,9 +21,10 @@ instant is covered. What is not covered is a power loss in the seconds after a r
 after ``git checkout``, which does not fsync the working tree either; running the rewind again
 repairs it. An fsync per file would cost 110 x 0.2-2 ms for the benchmark workload, and a ``syncfs``
 flushes every other writer's data on the filesystem too. Files are still written under a temp
-name and renamed, never rewritten in place: a reader sees the old or the new file, never a torn
-one, a hard link to a file outside the workspace is replaced rather than written through, and
-a process that has the old file mapped keeps its pages.
+name and renamed (a file replaced: exchanged with it, see :meth:`Restorer._swap_in`), never
+rewritten in place: a reader sees the old or the new file, never a torn one, a hard link to a
+file outside the workspace is replaced rather than written through, and a process that has the
+old file mapped keeps its pages.
 """
 
 from __future__ import annotations
@@ -32,9 +33,11 @@ import errno
 import os
 import queue
 import stat
+import sys
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from .._fsutil import TMP_MARK, sweep_temp_files
 from ..errors import (
@@ -43,6 +46,7 @@ from ..errors import (
     StashpointError,
 )
 from ..model import TreeEntry
+from ._libc import libc
 from .mounts import mount_points
 from .tree import TreeReader, validate_name
 
@@ -150,6 +154,8 @@ class Restorer:
         self.touched: list[tuple[bytes, TreeEntry | None]] = []
         """Every path the restore changed, with what it should now be (None: gone)."""
         self._releaser = _Releaser()
+        self._exchange = sys.platform.startswith("linux")
+        """Whether replacing a file exchanges it for the new one (see :meth:`_swap_in`)."""
         self._prefetched: dict[bytes, bytes] = {}
         self._at = b""
         """The path being restored now (named by an error that names none)."""
@@ -404,7 +410,9 @@ class Restorer:
                 os.close(fd)
             if replaces:
                 self._releaser.hold(dfd, name)
-            os.replace(tmp, name, src_dir_fd=dfd, dst_dir_fd=dfd)
+                self._swap_in(dfd, tmp, name)
+            else:
+                os.replace(tmp, name, src_dir_fd=dfd, dst_dir_fd=dfd)
         except BaseException:
             try:
                 os.unlink(tmp, dir_fd=dfd)
@@ -412,6 +420,33 @@ class Restorer:
                 pass
             raise
         self.stats.written += 1
+
+    def _swap_in(self, dfd: int, tmp: bytes, name: bytes) -> None:
+        """Put the written temp file in the place of the file ``name``: exchanged with it
+        (one atomic step: ``name`` is the old file, then the new one), then the old one,
+        now under the temp name, unlinked. Not a rename over it: ext4 (``auto_da_alloc``)
+        answers a rename over an existing file by allocating the new file's blocks and
+        starting its writeback inside the rename, which an exchange does not do (measured
+        here, 110 files of ~8 KB: 10-18 ms renamed over, 6-10 ms exchanged). Durability is
+        as documented above either way: restored files are not fsynced. Where exchanging
+        is not supported, the rename."""
+        if self._exchange:
+            err = _exchange(dfd, tmp, name)
+            if not err:
+                try:
+                    os.unlink(tmp, dir_fd=dfd)
+                except FileNotFoundError:
+                    pass
+                except OSError:
+                    # Not a file any more (a directory put there meanwhile, which a rename
+                    # would have refused): put it back, and fail as the rename would have.
+                    _exchange(dfd, tmp, name)
+                    raise
+                return
+            if err in _CANNOT_EXCHANGE:
+                self._exchange = False  # (this file system: not again in this restore)
+        # Any other failure (the file gone meanwhile...) is the rename's to report or mend.
+        os.replace(tmp, name, src_dir_fd=dfd, dst_dir_fd=dfd)
 
     def _write_link(self, dfd: int, name: bytes, entry: TreeEntry) -> None:
         tmp = _TMP + name[:200]
@@ -446,6 +481,28 @@ class Restorer:
             self.touched.pop()  # (not changed: the check after the restore skips it)
         if rel not in self.stats.mounts:
             self.stats.mounts.append(rel)
+
+
+_RENAME_EXCHANGE = 2  # <linux/fs.h>
+_CANNOT_EXCHANGE = frozenset({errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP})
+_renameat2: Any = None
+"""libc's ``renameat2`` (glibc 2.28+), looked up on first use; False where there is none."""
+
+
+def _exchange(dfd: int, a: bytes, b: bytes) -> int:
+    """Exchange the names ``a`` and ``b`` of directory ``dfd`` atomically (Linux 3.15+:
+    ``renameat2(RENAME_EXCHANGE)``); 0, or the errno of the failure."""
+    global _renameat2
+    if _renameat2 is None:
+        lib = libc()
+        _renameat2 = getattr(lib, "renameat2", False) if lib is not None else False
+    if _renameat2 is False:
+        return errno.ENOSYS
+    if _renameat2(dfd, a, dfd, b, _RENAME_EXCHANGE) == 0:
+        return 0
+    import ctypes
+
+    return ctypes.get_errno() or errno.EIO
 
 
 def _holds_ignored(rel: bytes, names: str, kind: str) -> RestoreBlocked:

@@ -137,6 +137,19 @@ class ScanResult:
 _scan_fields = operator.attrgetter(*ScanResult.__slots__)
 
 
+class _Named:
+    """A name in a directory that is not listed again (watch mode): what the scan loop uses
+    of an :class:`os.DirEntry`, with its ``lstat`` made when asked for."""
+
+    __slots__ = ("name", "path")
+
+    def __init__(self, path: bytes, name: bytes) -> None:
+        self.path, self.name = path, name
+
+    def stat(self, *, follow_symlinks: bool = True) -> os.stat_result:
+        return os.lstat(self.path) if not follow_symlinks else os.stat(self.path)
+
+
 class Scanner:
     """Scans one workspace root; ``exclude`` holds absolute paths never to descend into."""
 
@@ -225,14 +238,19 @@ class Scanner:
                     except StashpointError:  # not readable (any more): look at every name
                         known = None
             w.watch(rel)  # before listing: a change after the listing becomes an event
-        with os.scandir(path) as it:
-            listing = list(it)
-        texts = []
-        for e in listing:
-            if e.name in IGNORE_FILES and e.is_file(follow_symlinks=False):
-                with open(e.path, "rb") as f:
-                    texts.append(f.read())
-        ctx = ctx.child(rel, texts)
+        listed: list[os.DirEntry[bytes]] = []
+        here = self._events_context(path, rel, ctx, known) if dirty is not None else None
+        if here is not None:
+            ctx = here  # the listing is not needed: the events say which names changed
+        else:
+            with os.scandir(path) as it:
+                listed = list(it)
+            texts = []
+            for de in listed:
+                if de.name in IGNORE_FILES and de.is_file(follow_symlinks=False):
+                    with open(de.path, "rb") as f:
+                        texts.append(f.read())
+            ctx = ctx.child(rel, texts)
         old = self.old
         trusted = ctx.empty or old.dirs.get(rel) == ctx.signature
         self.new.dirs[rel] = ctx.signature
@@ -257,25 +275,45 @@ class Scanner:
         dev = self._dev
         mounted = False
         links: list[bytes] | None = [] if w is not None else None
-        if known is not None and dirty is not None:
+        listing: list[os.DirEntry[bytes]] | list[_Named] = listed
+        if here is not None:
+            # Watch mode, not listed: every name the events name is looked at (created,
+            # written, removed, replaced: the loop below finds out which), every other name
+            # is the file or link the stored tree has, and its subdirectories are entered.
+            assert known is not None and dirty is not None
+            sep = path if path.endswith(b"/") else path + b"/"
+            named = [_Named(sep + name, name) for name in dirty]
+            for name, entry in known.items():
+                if name in dirty:
+                    continue
+                if entry.kind == "d":
+                    named.append(_Named(sep + name, name))
+                    continue
+                names.append(name)
+                found.append(entry)
+                nfiles += 1
+                if entry.kind == "f":
+                    nbytes += entry.size
+            listing = named
+        elif known is not None and dirty is not None:
             # Watch mode: a name without an event since the last snapshot, still listed with
             # the same type, is the file (or link) the stored tree has: no stat needed.
             rest = []
-            for e in listing:
-                k = known.get(e.name)
-                if k is None or e.name in dirty:
-                    rest.append(e)
-                elif k.kind == "f" and e.is_file(follow_symlinks=False):
-                    names.append(e.name)
+            for de in listed:
+                k = known.get(de.name)
+                if k is None or de.name in dirty:
+                    rest.append(de)
+                elif k.kind == "f" and de.is_file(follow_symlinks=False):
+                    names.append(de.name)
                     found.append(k)
                     nfiles += 1
                     nbytes += k.size
-                elif k.kind == "l" and e.is_symlink():
-                    names.append(e.name)
+                elif k.kind == "l" and de.is_symlink():
+                    names.append(de.name)
                     found.append(k)
                     nfiles += 1
                 else:
-                    rest.append(e)
+                    rest.append(de)
             listing = rest
         for e in listing:  # the hot loop of every snapshot: keep it lean
             name = e.name
@@ -386,6 +424,39 @@ class Scanner:
             self.writer.add(data, digest)
         self._reader.prime(digest, entries)
         return digest
+
+    def _events_context(
+        self,
+        path: bytes,
+        rel: bytes,
+        ctx: IgnoreContext,
+        known: dict[bytes, TreeEntry] | None,
+    ) -> IgnoreContext | None:
+        """Watch mode, a directory with events: its ignore context when the scan may skip
+        listing it (its stored tree, the events since, and the same ignore rules as the
+        scan that stored it vouch for every name); None when it must be listed.
+
+        Its ignore files are unchanged (an event on one makes the watcher distrust every
+        directory), but are read again, as the listing would: a hard-linked one may have
+        changed through another name, and one that ignores itself is in no stored tree.
+        Either way the rules then differ from the stored scan's, and the directory is
+        listed."""
+        if known is None:
+            return None
+        sig = self.old.dirs.get(rel)
+        if sig is None:
+            return None
+        texts = []
+        for name in IGNORE_FILES:
+            e = known.get(name)
+            if e is not None and e.kind == "f":
+                try:
+                    with open(path + b"/" + name, "rb") as f:
+                        texts.append(f.read())
+                except OSError:
+                    return None
+        here = ctx.child(rel, texts)
+        return here if here.signature == sig else None
 
     def _scan_partial(
         self, path: bytes, rel: bytes, ctx: IgnoreContext, cached: TreeCacheEntry

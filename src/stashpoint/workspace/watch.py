@@ -1,7 +1,8 @@
 """Watch mode: Linux inotify tells which directories changed, so a snapshot skips the rest.
 
 A scan must stat every file (~3 µs each here, ~35 ms for 10k files before any Python work);
-with a watcher, a snapshot after one edit re-reads one directory and re-encodes its ancestors.
+with a watcher, a snapshot after one edit looks at the one name an event named (no directory is
+listed again) and re-encodes its directory's tree and its ancestors'.
 
 Correctness rests on three rules:
 - a directory is watched *before* it is listed, so any change after the listing is an event;
@@ -18,12 +19,8 @@ import errno
 import os
 import select
 import struct
-import sys
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:
-    import ctypes
-
+from ._libc import libc as _lib
 from .ignore import ALWAYS_EXCLUDED, IGNORE_FILES
 from .mounts import MOUNT_TABLE, mount_points
 
@@ -60,28 +57,6 @@ _MASK = (
 _EVENT = struct.Struct("iIII")
 _NO_NAMES: frozenset[bytes] = frozenset()
 _TMP_PREFIX = b".stashpoint-tmp-"
-
-_libc: ctypes.CDLL | None = None
-
-
-def _lib() -> ctypes.CDLL | None:
-    """libc, loaded on first use: ctypes and its ``find_library`` (which imports shutil,
-    subprocess and tempfile, and runs ``ldconfig``) would cost every CLI run ~6 ms."""
-    global _libc
-    if _libc is None and sys.platform.startswith("linux"):
-        import ctypes
-
-        try:
-            _libc = ctypes.CDLL("libc.so.6", use_errno=True)  # glibc
-        except OSError:
-            import ctypes.util
-
-            name = ctypes.util.find_library("c")  # musl and others
-            try:
-                _libc = ctypes.CDLL(name, use_errno=True) if name else None
-            except OSError:
-                return None
-    return _libc
 
 
 def watch_supported() -> bool:
@@ -179,9 +154,11 @@ class Watcher:
 
     def dirty_names(self, rel: bytes) -> frozenset[bytes] | set[bytes] | None:
         """The names in this directory that had an event since the last snapshot; every other
-        name it still lists is the same file with the same content and metadata (any change
-        through this directory names the child in an event). None: no such promise (no
-        watch, or events were lost), so every name must be looked at."""
+        name it had then is still there, the same file with the same content and metadata
+        (any change through this directory, a removal or a rename too, names the child in an
+        event), and no other name was added: the scan looks at these names only, without
+        listing the directory. None: no such promise (no watch, or events were lost), so
+        every name must be looked at."""
         if self.everything or rel not in self._rel_wd:
             return None
         return self._names.get(rel, _NO_NAMES)
