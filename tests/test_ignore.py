@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import itertools
+import os
+import tempfile
+from pathlib import Path
 
 import pytest
 
 from stashpoint.workspace import ignore
 from stashpoint.workspace.ignore import IgnoreContext
+from stashpoint.workspace.tree import TreeReader
 
 _PLAIN = b"*.log\nbuild/\n/root-only\na/**/b\n**/deep\ndoc/*.md\nx?y\n*.PYC\n\xc3\xbcnicode\n"
 _MIXED = _PLAIN + b"foo[ab]\n\\#hash\ntrailing   \nname with space\n"
@@ -54,3 +58,34 @@ def test_the_literals_of_a_rules_file() -> None:
     for rules in (b"foo[ab]\n", b"\\#hash\n", b"trailing   \n", b"*\n", _MIXED):
         assert ignore._compile(rules)[2] is None
     ignore._spec_cache.clear()
+
+
+def test_stashpointignore_decides_after_gitignore_whatever_the_listing_order(
+    tmp_path: Path,
+) -> None:
+    """A directory's .stashpointignore is applied after its .gitignore, so its patterns win
+    (a negation there keeps a file git ignores) however the file system lists the two:
+    tmpfs lists the newest name first, so both creation orders are tried."""
+    import shutil
+
+    import stashpoint
+
+    shm = Path("/dev/shm")
+    if not shm.is_dir() or not os.access(shm, os.W_OK):
+        pytest.skip("no writable /dev/shm (tmpfs) here")
+    for first, second in ((".gitignore", ".stashpointignore"), (".stashpointignore", ".gitignore")):
+        ws = Path(tempfile.mkdtemp(dir=shm))
+        try:
+            texts = {".gitignore": "*.log\n", ".stashpointignore": "!keep.log\n"}
+            for name in (first, second):
+                (ws / name).write_text(texts[name])
+            (ws / "keep.log").write_text("kept\n")
+            (ws / "other.log").write_text("ignored\n")
+            with stashpoint.open(tmp_path / f"store-{first}") as store:
+                cp = store.session("s", workspace=ws).checkpoint()
+                assert cp.workspace is not None
+                reader = TreeReader(store.blobs)
+                names = {os.fsdecode(p) for p, _e in reader.walk(bytes.fromhex(cp.workspace.tree))}
+            assert "keep.log" in names and "other.log" not in names, (first, names)
+        finally:
+            shutil.rmtree(ws)

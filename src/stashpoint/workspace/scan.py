@@ -245,12 +245,14 @@ class Scanner:
         else:
             with os.scandir(path) as it:
                 listed = list(it)
-            texts = []
+            rules: dict[bytes, bytes] = {}
             for de in listed:
                 if de.name in IGNORE_FILES and de.is_file(follow_symlinks=False):
                     with open(de.path, "rb") as f:
-                        texts.append(f.read())
-            ctx = ctx.child(rel, texts)
+                        rules[de.name] = f.read()
+            # .gitignore, then .stashpointignore (its patterns decide last), whatever order
+            # the file system lists them in: the same files make the same snapshot anywhere.
+            ctx = ctx.child(rel, [rules[n] for n in IGNORE_FILES if n in rules])
         old = self.old
         trusted = ctx.empty or old.dirs.get(rel) == ctx.signature
         self.new.dirs[rel] = ctx.signature
