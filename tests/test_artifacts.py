@@ -333,6 +333,36 @@ def test_a_fetch_never_replaces_a_file_unasked_nor_follows_a_link(
     assert elsewhere.read_text() == "not yours\n"
 
 
+def test_a_file_made_while_a_fetch_writes_is_not_replaced(tmp_path: Path) -> None:
+    """The fetch looks for a file at the target, writes the artifact beside it, then renames:
+    a file that another process made at the target in between was replaced, without
+    --overwrite. The other process here runs from the fetch's progress callback, which is
+    called while the temp file is written: after the look, before the publication."""
+    src = tmp_path / "report.txt"
+    src.write_bytes(rand(300_000, 7))
+    out = tmp_path / "out"
+    out.mkdir()
+    target = out / "report.txt"
+
+    def other_process_writes(_done: int, _total: int) -> None:
+        if not target.exists():
+            code = "import sys; open(sys.argv[1], 'x').write('theirs\\n')"
+            subprocess.run([sys.executable, "-c", code, str(target)], check=True)
+
+    with stashpoint.open(tmp_path / "store") as st:
+        run = st.session("api")
+        cp = run.checkpoint({"step": 1}, artifacts={"report": src})
+        with pytest.raises(stashpoint.errors.RestoreRefused, match="--overwrite"):
+            run.fetch_artifact(cp.id, "report", out, progress=other_process_writes)
+        assert target.read_text() == "theirs\n"
+        assert sorted(p.name for p in out.iterdir()) == ["report.txt"]  # no temp file left
+        # Asked for, the same race ends with the artifact there.
+        target.unlink()
+        run.fetch_artifact(cp.id, "report", out, overwrite=True, progress=other_process_writes)
+        assert digest(target) == digest(src)
+        assert sorted(p.name for p in out.iterdir()) == ["report.txt"]
+
+
 def test_a_damaged_chunk_is_caught_and_the_target_is_left_alone(
     sp: Sp, ws: Path, tmp_path: Path
 ) -> None:

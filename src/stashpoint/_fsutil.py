@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import os
 from collections.abc import Collection, Iterator, Sequence
 from contextlib import contextmanager
@@ -34,10 +35,16 @@ def fsync_dir(path: str | os.PathLike[str]) -> None:
 
 
 @contextmanager
-def atomic_file(path: Path, *, mode: int = 0o600, durable: bool = True) -> Iterator[int]:
+def atomic_file(
+    path: Path, *, mode: int = 0o600, durable: bool = True, replace: bool = True
+) -> Iterator[int]:
     """A descriptor to write ``path``'s new content to, so that a crash leaves either the old
     file or the new one: a temp file beside it, fsynced, renamed over it, directory fsynced.
     On an error the temp file is removed and ``path`` is left as it was.
+
+    Without ``replace`` the new file only takes a free name: anything found at ``path`` when
+    it is published (created after the caller looked) raises FileExistsError and stays as
+    it is. A look before the write cannot promise that: a file made in between was replaced.
 
     A failed fsync raises: it is never retried into a false success.
     """
@@ -57,9 +64,40 @@ def atomic_file(path: Path, *, mode: int = 0o600, durable: bool = True) -> Itera
             pass
         raise
     os.close(fd)
-    os.replace(tmp, path)
+    if replace:
+        os.replace(tmp, path)
+    else:
+        _publish_new(tmp, path)
     if durable:
         fsync_dir(path.parent)
+
+
+# link() cannot make a second name for the file here (FAT, some FUSE and network mounts).
+_NO_LINKS = frozenset({errno.EPERM, errno.EOPNOTSUPP, errno.ENOSYS, errno.EMLINK, errno.EXDEV})
+
+
+def _publish_new(tmp: Path, path: Path) -> None:
+    """Give the finished temp file the name ``path`` only if nothing has it: ``link`` fails
+    with EEXIST on anything there (a dangling symlink too) and never replaces, then the temp
+    name goes. Where the file system has no hard links, the name is claimed by an exclusive
+    create and the temp file renamed over that claim (a writer that opens the claimed name
+    meanwhile, without O_EXCL, loses its write: the best such a file system allows)."""
+    try:
+        try:
+            os.link(tmp, path, follow_symlinks=False)
+        except OSError as exc:
+            if exc.errno not in _NO_LINKS:
+                raise
+            os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600))
+            os.replace(tmp, path)
+            return
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+    os.unlink(tmp)
 
 
 def atomic_write(

@@ -189,13 +189,16 @@ def restore_artifact(
     *,
     progress: Progress | None = None,
     durable: bool = True,
+    replace: bool = True,
 ) -> int:
     """Write the artifact to ``target`` atomically (temp file beside it, fsync, rename,
     directory fsync); returns the bytes written. A damaged store raises IntegrityError and
-    leaves ``target`` as it was. A symlink at ``target`` is replaced, never followed."""
+    leaves ``target`` as it was. A symlink at ``target`` is replaced, never followed.
+    Without ``replace``, anything at ``target`` when the file is published raises
+    FileExistsError and is left as it was."""
     target.parent.mkdir(parents=True, exist_ok=True)
     total = 0
-    with atomic_file(target, durable=durable) as fd:
+    with atomic_file(target, durable=durable, replace=replace) as fd:
         for part in read_artifact(blobs, ref):
             n = len(part)
             if n <= len(_ZEROS) and part == _ZEROS[:n]:

@@ -243,7 +243,13 @@ def fetch_artifact(
         name, artifact_path(art, dest, name), self.store.own_paths
     )
     restore_target.check_fetch_target(name, target, overwrite=overwrite)
-    restore_artifact(self.store.blobs, art, target, progress=progress)
+    try:
+        # Without overwrite the check above is not enough: a file made at target while the
+        # artifact is written would be replaced, so the write itself takes only a free name.
+        restore_artifact(self.store.blobs, art, target, progress=progress, replace=overwrite)
+    except FileExistsError:
+        restore_target.check_fetch_target(name, target, overwrite=False)
+        raise  # gone again already: the OS error says what happened
     return target
 
 
