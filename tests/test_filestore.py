@@ -372,3 +372,37 @@ def test_a_failure_after_some_renames_says_the_write_will_complete(
     assert len(history) == 2 and history[-1].id == first.id
     assert history[0].parent == first.id
     store.close()
+
+
+def test_a_store_url_of_the_other_kind_is_refused_and_creates_nothing(
+    tmp_path: Path,
+    sp,  # type: ignore[no-untyped-def]
+) -> None:
+    """``--store file:///ws/.stashpoint`` at a SQLite store made a file store inside it (its
+    blobs/ shared with the SQLite store's) and then reported the branch empty."""
+
+    def listing(root: Path) -> list[str]:
+        return sorted(str(p.relative_to(root)) for p in root.rglob("*"))
+
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    (ws / "a.txt").write_text("a\n")
+    sp("snap", "-m", "first", cwd=ws)
+    home = ws / ".stashpoint"
+    before = listing(home)
+    for args in (("log",), ("snap", "-m", "second")):
+        res = sp("--store", f"file://{home}", *args, cwd=ws, check=False)
+        assert res.code == 1, res
+        assert f"{home} holds a SQLite store" in res.err, res
+        assert f"sqlite://{home}" in res.err, res
+        assert listing(home) == before
+    assert "first" in sp("--store", f"sqlite://{home}", "log", cwd=ws).out
+
+    files = tmp_path / "fs"
+    sp("--store", f"file://{files}", "snap", "-m", "plain", cwd=ws)
+    before = listing(files)
+    for url in (f"sqlite://{files}", str(files)):
+        res = sp("--store", url, "log", cwd=ws, check=False)
+        assert res.code == 1, res
+        assert f"{files} holds a file:// store" in res.err and f"file://{files}" in res.err, res
+        assert listing(files) == before

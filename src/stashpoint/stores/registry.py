@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, NamedTuple
 
 from .._fsutil import mkdir_private, sweep_temp_files
 from ..errors import StoreError, UsageError
-from ..urls import DEFAULT_DIR, StoreURL, sqlite_layout
+from ..urls import DB_NAME, DEFAULT_DIR, StoreURL, sqlite_layout
 
 if TYPE_CHECKING:
     from .base import MetadataStore
@@ -162,6 +162,11 @@ def open_sqlite(url: StoreURL) -> Opened:
     _no_query(url)
     path = url.path or Path(DEFAULT_DIR)
     db, home = sqlite_layout(path)
+    if not db.exists() and (home / _FILE_STORE_MARK).is_file():
+        where = Path(os.path.abspath(home))
+        raise UsageError(
+            f"{where} holds a file:// store, not a SQLite store; open it as file://{where}"
+        )
     _refuse_foreign_directory(home, db)
     try:
         mkdir_private(home)  # and any parent it creates: 0700 too
@@ -190,6 +195,12 @@ def open_file(url: StoreURL) -> Opened:
     from .files import FileStore
 
     home = url.path
+    if (home / DB_NAME).exists():
+        where = Path(os.path.abspath(home))
+        raise UsageError(
+            f"{where} holds a SQLite store, not a file:// store; open it as sqlite://{where} "
+            f"or by its path ({where})"
+        )
     meta = FileStore(home)  # creates the directory
     try:
         ignore_store_dir(home)
@@ -220,6 +231,13 @@ def open_redis(url: StoreURL) -> Opened:
     from .redis import RedisStore
 
     return Opened(RedisStore(url.target))
+
+
+_FILE_STORE_MARK = "meta.json"
+"""What a file:// store's directory holds and a SQLite store's does not. Each kind is refused
+the other's directory before anything is made there: the two layouts fit in one directory
+side by side (a file store made inside a SQLite store reported its branches empty), and
+share its blobs/, where each one's GC would free the blobs only the other uses."""
 
 
 def _no_query(url: StoreURL) -> None:
