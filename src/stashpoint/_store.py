@@ -20,7 +20,7 @@ from .errors import IntegrityError, NotFoundError, PrunedError, UsageError
 from .integrity import ChainHasher
 from .model import Checkpoint, utc_now_iso
 from .stores import formats
-from .stores.base import CheckpointRow, Fence, LogInfo, MessageRow, MetadataStore
+from .stores.base import CheckpointRow, Fence, LogInfo, MessageRow, MetadataStore, MetaKV
 from .stores.refauth import AuthenticatedRefs, RefSigner
 from .stores.registry import ignore_store_dir
 from .urls import DEFAULT_DIR
@@ -31,7 +31,7 @@ if TYPE_CHECKING:
     from .session import Session
     from .witness import Witness
 
-__all__ = ["DEFAULT_DIR", "Store", "check_not_pruned", "ignore_store_dir"]
+__all__ = ["DEFAULT_DIR", "Store", "check_not_pruned", "claim_meta", "ignore_store_dir"]
 
 ENCRYPTION_META = metakeys.ENCRYPTION
 """Store meta key marking an encrypted store: cipher, KDF and key id (never the key)."""
@@ -92,8 +92,8 @@ class Store:
             store_id = meta.get_meta(metakeys.STORE_ID)
             if store_id is None:
                 store_id = uuid.uuid4().hex
-                if self.format == formats.CURRENT:
-                    meta.set_meta(metakeys.STORE_ID, store_id)  # else: named by its upgrade
+                if self.format == formats.CURRENT:  # else: named by its upgrade
+                    store_id = claim_meta(meta, metakeys.STORE_ID, store_id)
             self.id = store_id
             self.refs = AuthenticatedRefs(meta, RefSigner(key, store_id))
             """The ref layer, right above the backend: heads and labels signed and verified
@@ -432,8 +432,12 @@ def _check_encryption(
                     "it would write plaintext into it once encrypted; close that one, then "
                     "open the store with the key again"
                 )
-            meta.set_meta(ENCRYPTION_META, json.dumps(info, sort_keys=True))
-        return cipher
+            marker = json.dumps(info, sort_keys=True)
+            raw = claim_meta(meta, ENCRYPTION_META, marker)
+        if raw == marker:
+            return cipher
+        # Another process marked the empty store first (a store without local blobs has
+        # nothing to hold it alone): its key is the store's, checked below like any other.
     try:
         expected = str(json.loads(raw)["key_id"])
     except (ValueError, KeyError, TypeError):
@@ -494,10 +498,9 @@ def _check_integrity_key(
         return
     assert key is not None
     kid = integrity_key_id(key)
-    if recorded is None:
-        if record:
-            meta.set_meta(metakeys.INTEGRITY, kid)
-    elif recorded != kid:
+    if recorded is None and record:
+        recorded = claim_meta(meta, metakeys.INTEGRITY, kid)
+    if recorded is not None and recorded != kid:
         if signed is not None and refs.signer.marker_ok(signed, kid):
             raise IntegrityError(
                 f"store {meta.url}: its integrity marker names key id {recorded}, but the "
@@ -507,6 +510,19 @@ def _check_integrity_key(
             f"wrong integrity key for store {meta.url}: its hash chain is keyed with key id "
             f"{recorded}, the key given has id {kid}"
         )
+
+
+def claim_meta(meta: MetaKV, key: str, value: str) -> str:
+    """Record ``value`` as a store setting that is set once, when the store is first opened
+    (its id, its keys' ids), unless another process recorded one first; the value recorded.
+    Read then set, two processes opening a new store at once each kept the one they made,
+    and the one whose value was overwritten went on using it: its heads were signed with an
+    id the store no longer had and read as forged."""
+    while not meta.swap_meta(key, None, value):
+        found = meta.get_meta(key)
+        if found is not None:
+            return found
+    return value
 
 
 def check_not_pruned(store: Store, cp: Checkpoint | Sequence[Checkpoint]) -> None:

@@ -79,9 +79,12 @@ BEHIND_KEY = metakeys.MIRROR_BEHIND
 """Primary store meta key: JSON ``{"mirror", "since", "error"}`` while the mirror lags."""
 
 _FAILED = metakeys.MIRROR_FAILED
-"""Prefix of one more key per failed copy (``mirror:behind:<token>``, the same JSON). The meta
-store has no compare-and-set, so a writer that caught the mirror up may clear only the marks
-it saw before its sync: a failure recorded meanwhile has a key of its own and survives."""
+"""Prefix of one more key per failed copy (``mirror:behind:<token>``, the same JSON). A writer
+that caught the mirror up clears only the marks it saw before its sync: a failure recorded
+meanwhile has a key of its own and survives, and no key is ever read, changed and written
+back, so no interleaving of writers can lose a failure (a compare-and-set on one key would
+not do better). What a race can leave is a summary without failure keys (one more full sync
+on the next write) or failure keys without a summary: readers take the whole prefix."""
 
 
 def _behind_marks(meta: MetaKV) -> dict[str, str]:

@@ -14,7 +14,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from . import metakeys
-from ._store import Store
+from ._store import Store, claim_meta
 from .blobs.backend import BlobBackend
 from .durability import Durability
 from .errors import StoreError, UsageError
@@ -221,8 +221,7 @@ def _blob_store(meta: MetadataStore, blobs: str | None) -> BlobBackend | None:
         )
     store_id = meta.get_meta(metakeys.STORE_ID)
     if store_id is None:  # the id Store() would give it, given now to claim the prefix
-        store_id = uuid.uuid4().hex
-        meta.set_meta(metakeys.STORE_ID, store_id)
+        store_id = claim_meta(meta, metakeys.STORE_ID, uuid.uuid4().hex)
     s3.claim(store_id)
     if recorded is None:
         meta.set_meta(_BLOBS_KEY, s3.url.rstrip("/"))
