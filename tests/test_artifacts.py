@@ -7,6 +7,7 @@ Stored bytes are read from ``stashpoint du --json``; contents are compared by SH
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import os
@@ -361,6 +362,32 @@ def test_a_file_made_while_a_fetch_writes_is_not_replaced(tmp_path: Path) -> Non
         run.fetch_artifact(cp.id, "report", out, overwrite=True, progress=other_process_writes)
         assert digest(target) == digest(src)
         assert sorted(p.name for p in out.iterdir()) == ["report.txt"]
+
+
+@pytest.mark.parametrize("links", [True, False], ids=["hard-links", "no-hard-links"])
+def test_a_write_that_must_not_replace_takes_only_a_free_name(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, links: bool
+) -> None:
+    """``atomic_file(replace=False)`` publishes by link(); where a file system has no hard
+    links (link() fails with EPERM, as on FAT), by an exclusive create of the name."""
+    from stashpoint._fsutil import atomic_write
+
+    if not links:
+
+        def no_links(*_args: object, **_kwargs: object) -> None:
+            raise OSError(errno.EPERM, "Operation not permitted")
+
+        monkeypatch.setattr(os, "link", no_links)
+    atomic_write(tmp_path / "new", b"new", replace=False)
+    (tmp_path / "there").write_bytes(b"theirs")
+    (tmp_path / "dangling").symlink_to(tmp_path / "nowhere")
+    for name in ("there", "dangling"):
+        with pytest.raises(FileExistsError):
+            atomic_write(tmp_path / name, b"new", replace=False)
+    assert (tmp_path / "new").read_bytes() == b"new"
+    assert (tmp_path / "there").read_bytes() == b"theirs"
+    assert not (tmp_path / "nowhere").exists()  # the link was not followed
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["dangling", "new", "there"]
 
 
 def test_a_damaged_chunk_is_caught_and_the_target_is_left_alone(

@@ -89,7 +89,11 @@ def _publish_new(tmp: Path, path: Path) -> None:
             if exc.errno not in _NO_LINKS:
                 raise
             os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600))
-            os.replace(tmp, path)
+            try:
+                os.replace(tmp, path)
+            except BaseException:
+                os.unlink(path)  # our empty claim, not left as if it were the file
+                raise
             return
     except BaseException:
         try:
@@ -101,11 +105,16 @@ def _publish_new(tmp: Path, path: Path) -> None:
 
 
 def atomic_write(
-    path: Path, data: bytes | Sequence[bytes], *, mode: int = 0o600, durable: bool = True
+    path: Path,
+    data: bytes | Sequence[bytes],
+    *,
+    mode: int = 0o600,
+    durable: bool = True,
+    replace: bool = True,
 ) -> None:
     """Write ``data`` (or the concatenation of its parts, gathered by ``writev`` without
     joining them in memory first) to ``path`` by :func:`atomic_file`'s protocol."""
-    with atomic_file(path, mode=mode, durable=durable) as fd:
+    with atomic_file(path, mode=mode, durable=durable, replace=replace) as fd:
         if isinstance(data, bytes):
             view = memoryview(data)
             while view:
