@@ -2,13 +2,22 @@
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 from collections.abc import Collection, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
-__all__ = ["TMP_MARK", "atomic_file", "atomic_write", "fsync_dir", "mkdir_private", "write_parts"]
+__all__ = [
+    "TMP_MARK",
+    "atomic_file",
+    "atomic_write",
+    "empty_directory",
+    "fsync_dir",
+    "mkdir_private",
+    "write_parts",
+]
 
 TMP_MARK = ".stashpoint-tmp-"
 """Every temporary file stashpoint creates has this in its name, so leftovers can be found."""
@@ -142,6 +151,20 @@ def write_parts(fd: int, parts: Sequence[bytes]) -> None:
             else:
                 pending[i] = view[n:]
                 break
+
+
+def empty_directory(path: Path, *, remove: bool) -> None:
+    """Delete what ``path`` holds (and, with ``remove``, the directory itself, if it can)."""
+    import shutil  # here: it imports bz2, lzma and zlib, which a checkpoint never needs
+
+    for child in path.iterdir():
+        if child.is_dir() and not child.is_symlink():
+            shutil.rmtree(child, ignore_errors=True)
+        else:
+            child.unlink(missing_ok=True)
+    if remove:
+        with contextlib.suppress(OSError):
+            path.rmdir()
 
 
 def sweep_temp_files(

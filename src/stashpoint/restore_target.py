@@ -29,14 +29,13 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from .errors import (
-    RestoreRefused,
-)
+from .errors import NotFoundError, RestoreRefused
 from .metakeys import WORKSPACE, workspace_key
 from .urls import parse_store_url
 
 if TYPE_CHECKING:
     from ._store import Store
+    from .model import Checkpoint
 
 __all__ = [
     "UNBOUND",
@@ -174,6 +173,35 @@ def check_new_workspace(dest: Path, *, own: Iterable[Path], workspaces: Iterable
             "in the new branch's files and whose rewinds would delete them; choose a "
             f"directory outside it{hint}"
         )
+
+
+def artifact_plan(
+    target: Checkpoint,
+    spec: bool | Mapping[str, str | os.PathLike[str] | None],
+    *,
+    to_dir: str | os.PathLike[str] | None,
+    recorded_ok: bool,
+    protected: Iterable[Path],
+) -> dict[str, Path]:
+    """Name -> where a rewind writes each of the target's artifacts (``spec``: True for all of
+    them, or name -> a path or None), checked against the rule above."""
+    from .artifacts import restore_target as artifact_path
+
+    wanted = dict.fromkeys(target.artifacts) if spec is True else dict(spec or {})
+    missing = [n for n in wanted if n not in target.artifacts]
+    if missing:
+        raise NotFoundError(f"checkpoint {target.id} has no artifact named {missing[0]!r}")
+    dests = artifact_destinations(
+        wanted,
+        {n: target.artifacts[n].path for n in wanted},
+        to_dir=to_dir,
+        recorded_ok=recorded_ok,
+    )
+    protected = list(protected)
+    return {
+        n: check_artifact_target(n, artifact_path(target.artifacts[n], dest, n), protected)
+        for n, dest in dests.items()
+    }
 
 
 def artifact_destinations(

@@ -16,12 +16,13 @@ import contextlib
 import json
 import os
 import warnings
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from . import restore_target
+from ._fsutil import empty_directory
 from ._ids import check_name as _check_name
 from ._ids import new_id
 from ._runs import UNREAD as _INHERIT
@@ -67,50 +68,10 @@ class RewindResult:
     """Artifacts restored: name -> the path written."""
     undo: str = ""
     """The shell command that undoes this rewind, from any directory."""
-
-
-def _empty_directory(path: Path, *, remove: bool) -> None:
-    import shutil  # here: it imports bz2, lzma and zlib, which a checkpoint never needs
-
-    for child in path.iterdir():
-        if child.is_dir() and not child.is_symlink():
-            shutil.rmtree(child, ignore_errors=True)
-        else:
-            child.unlink(missing_ok=True)
-    if remove:
-        with contextlib.suppress(OSError):
-            path.rmdir()
-
-
-def _artifact_plan(
-    target: Checkpoint,
-    spec: bool | Mapping[str, str | os.PathLike[str] | None],
-    *,
-    to_dir: str | os.PathLike[str] | None,
-    recorded_ok: bool,
-    protected: Iterable[Path],
-) -> dict[str, Path]:
-    """Name -> where a rewind writes each of the target's artifacts (see
-    :mod:`stashpoint.restore_target` for the rule)."""
-    from .artifacts import restore_target as artifact_path
-
-    wanted = dict.fromkeys(target.artifacts) if spec is True else dict(spec or {})
-    missing = [n for n in wanted if n not in target.artifacts]
-    if missing:
-        raise NotFoundError(f"checkpoint {target.id} has no artifact named {missing[0]!r}")
-    dests = restore_target.artifact_destinations(
-        wanted,
-        {n: target.artifacts[n].path for n in wanted},
-        to_dir=to_dir,
-        recorded_ok=recorded_ok,
-    )
-    protected = list(protected)
-    return {
-        n: restore_target.check_artifact_target(
-            n, artifact_path(target.artifacts[n], dest, n), protected
-        )
-        for n, dest in dests.items()
-    }
+    kept_hooks: list[str] = field(default_factory=list)
+    """Agent settings files stashpoint's hooks were merged back into, relative to the workspace."""
+    reinstall_hooks: list[str] = field(default_factory=list)
+    """Where they could not be merged back (each one also a warning): the commands to run."""
 
 
 def _restoring(self: Session, *, wait: bool = True) -> contextlib.AbstractContextManager[bool]:
@@ -136,6 +97,7 @@ def rewind(
     progress: Callable[[int, int], None] | None = None,
     artifacts_to: str | os.PathLike[str] | None = None,
     recorded_paths: bool = False,
+    keep_hooks: bool = True,
 ) -> RewindResult:
     """Go back to a checkpoint: files, state, or both.
 
@@ -160,6 +122,10 @@ def rewind(
     otherwise :class:`~stashpoint.restore_target.RestoreRefused` (exit 1), before
     anything is written. A restore that fails on damaged data puts the workspace and
     the branch head back as they were.
+
+    Stashpoint's hooks installed in the workspace's agent settings files (``stashpoint hooks
+    install``) stay installed, merged back into the restored files (``kept_hooks``), also
+    when a crash interrupts the restore; ``keep_hooks=False`` restores the files as they are.
     """
     return self._rewind(
         ref,
@@ -170,6 +136,7 @@ def rewind(
         progress=progress,
         artifacts_to=artifacts_to,
         recorded_paths=recorded_paths,
+        keep_hooks=keep_hooks,
     )
 
 
@@ -185,6 +152,7 @@ def _rewind(
     artifacts_to: str | os.PathLike[str] | None = None,
     recorded_paths: bool = False,
     reuse_head: bool = False,
+    keep_hooks: bool = True,
 ) -> RewindResult:
     """:meth:`rewind`; ``reuse_head``: when nothing changed since the branch head (same
     files, state and journal), the head is the undo point and no safety checkpoint is
@@ -202,7 +170,7 @@ def _rewind(
     self._warn_if_foreign(target)
     effects = self.effects(since=target) if state else []
     plan = (
-        _artifact_plan(
+        restore_target.artifact_plan(
             target,
             artifacts,
             to_dir=artifacts_to,
@@ -232,6 +200,7 @@ def _rewind(
         "artifacts": {n: str(p) for n, p in plan.items()},
         "captured": sorted(captured),
         "bind": "explicit" if self.explicit_root else None,
+        **self._hooks_here(keep_hooks and files),
     }
     with self._restoring():
         # A rewind that writes no file (the workspace already holds the target's tree) has
@@ -345,6 +314,11 @@ def _finish_rewind(
             raise
     if journal.get("artifacts"):
         self._restore_artifacts(journal, target, safety, recovering, progress)
+    kept: tuple[list[str], list[str]] = ([], [])
+    if stats is not None and journal.get("hooks") and self.root is not None:
+        from .agent_hooks.keep import put_back  # here: only a restore of files needs it
+
+        kept = put_back(self.root, journal["hooks"])  # journaled: a crash is finished with them
     if state:  # the execution position went back: the branch's durable run is over
         from .durable import end_run
 
@@ -374,7 +348,20 @@ def _finish_rewind(
     key = self._journal_key()
     if key is not None and journal.get("persisted", True):
         self.store.meta.set_meta(key, None)
-    return RewindResult(target, safety or head, head, stats)
+    result = RewindResult(target, safety or head, head, stats)
+    result.kept_hooks, result.reinstall_hooks = kept
+    self.last_restore = result
+    return result
+
+
+def _hooks_here(self: Session, keep: bool) -> dict[str, Any]:
+    """For a restore's journal: stashpoint's hooks installed in the workspace, which the
+    restore merges back (:mod:`stashpoint.agent_hooks.keep`)."""
+    if not keep or self.root is None:
+        return {}
+    from .agent_hooks.keep import installed
+
+    return {"hooks": installed(self.root)}
 
 
 def _drop_safety(self: Session, safety: Checkpoint) -> None:
@@ -600,6 +587,7 @@ def fork(
     branch: str | None = None,
     *,
     into: str | os.PathLike[str] | None = None,
+    keep_hooks: bool = True,
 ) -> Session:
     """A new branch starting at a checkpoint.
 
@@ -610,6 +598,8 @@ def fork(
 
     The branch exists only once its files are in place: a fork that fails, or is killed,
     leaves no branch behind, and re-running it (or any command in ``into``) finishes it.
+    Here, stashpoint's agent hooks stay installed as with :meth:`rewind` (``last_restore``
+    says where they were merged back).
     """
     target = self.get(ref)
     check_not_pruned(self.store, target)
@@ -642,7 +632,11 @@ def fork(
             target,
             safety,
             branch=branch,
-            extra={"bind": "new" if files else None, "checkout": True},
+            extra={
+                "bind": "new" if files else None,
+                "checkout": True,
+                **self._hooks_here(keep_hooks and files),
+            },
         )
         old_branch = self.branch
         self.branch, self._head_loaded = branch, False
@@ -696,7 +690,7 @@ def _materialise(self: Session, dest: Path, target: Checkpoint, branch: str) -> 
         except (IntegrityError, NotFoundError, RestoreBlocked):
             # Damaged data: the directory was empty (or new) before, so nothing in it is
             # the user's; leave it as it was rather than half made.
-            _empty_directory(dest, remove=created)
+            empty_directory(dest, remove=created)
             raise
     return other
 
@@ -773,8 +767,12 @@ def trial(self: Session, ref: str | Checkpoint | None = None) -> Trial:
 class Restoring:
     """The methods above, as :class:`~stashpoint.Session` has them."""
 
+    last_restore: RewindResult | None = None
+    """What this session's latest restore did (a rewind, a fork, one finished on open)."""
+
     _restoring = _restoring
     _journal_key = _journal_key
+    _hooks_here = _hooks_here
     rewind = rewind
     _rewind = _rewind
     _journal = _journal

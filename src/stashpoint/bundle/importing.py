@@ -7,8 +7,6 @@ Named ``importing`` because ``import`` is a keyword.
 from __future__ import annotations
 
 import json
-import os
-import signal
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -17,6 +15,8 @@ from typing import Any, TypeVar
 import msgspec
 
 from .._ids import new_id
+from .._killpoints import KILL_ENV as KILL_ENV
+from .._killpoints import kill_point as kill_point
 from .._store import Store
 from ..blobs.objects import BlobCodec
 from ..errors import ClashError, ConflictError, IntegrityError, UsageError
@@ -38,29 +38,6 @@ from .format import ZSTD, RecordEntry, _refused
 from .read import Bundle
 
 _BATCH_BYTES = 32 << 20
-
-
-KILL_ENV = "STASHPOINT_TEST_KILL_AT"
-"""For tests only: ``NAME`` or ``NAME:N`` - SIGKILL this process the N-th time (default the
-first) it passes the kill point ``NAME`` (``import-log``, ``import-record``, ``import-head``,
-``copy-exported``)."""
-_kill_counts: dict[str, int] = {}
-
-
-def kill_point(name: str) -> None:
-    """A place where a test may kill this process (``$STASHPOINT_TEST_KILL_AT``, for tests
-    only): a crash between two writes of an import or a copy must leave nothing that a plain
-    re-run cannot finish, and a test can only show that by killing the real CLI exactly
-    there, not at a random instant. Unset, it costs one environment lookup."""
-    spec = os.environ.get(KILL_ENV)
-    if not spec:
-        return
-    point, _, count = spec.partition(":")
-    if point != name:
-        return
-    seen = _kill_counts[name] = _kill_counts.get(name, 0) + 1
-    if seen >= int(count or 1):
-        os.kill(os.getpid(), signal.SIGKILL)
 
 
 Clash = ClashError

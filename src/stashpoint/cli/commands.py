@@ -445,6 +445,11 @@ def diff(ctx: Ctx, a: str, b: str, stat: bool, full: bool) -> None:
         click.echo("".join(_content_line(t) + "\n" for t in lines), nl=False)
 
 
+def _kept_text(kept: list[str]) -> str:
+    """The lines a command adds to its output for the files it kept our hooks in."""
+    return "".join(f"\nkept stashpoint's hooks in {printable(p)}" for p in kept)
+
+
 def _keep_hooks_option(f: Any) -> Any:
     return click.option(
         "--no-keep-hooks",
@@ -533,9 +538,6 @@ def rewind(
         _artifact_spec(s, need_path=False) for s in artifact_specs
     )
     session = ctx.session()
-    from .hook_keep import hooks_after, hooks_before, kept_text
-
-    hooked = [] if no_keep_hooks or state_only else hooks_before(session)
     with ByteProgress("artifacts", enabled=bool(artifacts) and not ctx.json) as progress:
         result = session.rewind(
             ref,
@@ -546,8 +548,8 @@ def rewind(
             progress=progress,
             artifacts_to=artifacts_to,
             recorded_paths=recorded_paths,
+            keep_hooks=not no_keep_hooks,
         )
-    kept_hooks = hooks_after(session, hooked)
     stats = result.files
     data = {
         "target": _cp_json(session, result.target),
@@ -562,7 +564,7 @@ def rewind(
         "artifacts": sorted(result.artifacts),
         "artifact_paths": result.artifacts,
         "undo": result.undo,
-        "kept_hooks": kept_hooks,
+        "kept_hooks": result.kept_hooks,
     }
     changed = (
         f"{stats.written} written, {stats.deleted} deleted" if stats is not None else "no files"
@@ -580,7 +582,7 @@ def rewind(
             if data["compensation_pending"]
             else ""
         )
-        + kept_text(kept_hooks),
+        + _kept_text(result.kept_hooks),
     )
 
 
@@ -614,13 +616,10 @@ def fork(ctx: Ctx, ref: str, branch: str | None, into: str | None, no_keep_hooks
       stashpoint fork HEAD~3 --branch try-b --into ../repo-b
       cd ../repo-b && stashpoint snap -m "b: first step"
     """
-    from .hook_keep import hooks_after, hooks_before, kept_text
-
     session = ctx.session()
     target = session.get(ref)
-    hooked = [] if no_keep_hooks or into is not None else hooks_before(session)
-    new = session.fork(target.id, branch, into=into)
-    kept_hooks = hooks_after(new, hooked)
+    new = session.fork(target.id, branch, into=into, keep_hooks=not no_keep_hooks)
+    kept_hooks = new.last_restore.kept_hooks if new.last_restore is not None else []
     where = str(new.root) if new.root else "(no workspace)"
     emit(
         ctx,
@@ -630,7 +629,7 @@ def fork(ctx: Ctx, ref: str, branch: str | None, into: str | None, no_keep_hooks
             "workspace": where,
             "kept_hooks": kept_hooks,
         },
-        f"branch {new.branch!r} starts at {short(target.id)} in {where}" + kept_text(kept_hooks),
+        f"branch {new.branch!r} starts at {short(target.id)} in {where}" + _kept_text(kept_hooks),
     )
 
 

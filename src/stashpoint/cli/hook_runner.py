@@ -20,9 +20,10 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
+from ..agent_hooks.recipes import AIDER_REPLY_END
 from ..watchd.client import read_stdin
 from ._app import Ctx, discover
-from .hook_recipes import AIDER_REPLY_END, LOG_NAME, SESSION_PREFIX
+from .hook_recipes import LOG_NAME, SESSION_PREFIX
 
 if TYPE_CHECKING:
     from .._store import Store

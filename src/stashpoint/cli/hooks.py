@@ -21,32 +21,34 @@ from typing import Any
 
 import click
 
-from . import watch_cmd
-from ._app import STORE_DIR, Ctx, emit, json_option, pass_ctx, short
-from ._progress import ByteProgress
-from .hook_recipes import (
+from ..agent_hooks.recipes import (
     AGENTS,
     AIDER_BLOCK,
-    AIDER_LOOP,
     JSON_HOOK_EVENTS,
-    LOG_NAME,
     SCOPES,
-    SESSION_PREFIX,
     add_json_hooks,
-    config_path,
     dump_json,
-    hook_command,
     install_aider,
     installed_in,
-    notify_argv,
     read_json_object,
     remove_config,
     remove_json_hooks,
     write_atomic,
 )
+from . import watch_cmd
+from ._app import STORE_DIR, Ctx, emit, json_option, pass_ctx, short
+from ._progress import ByteProgress
+from .hook_recipes import (
+    AIDER_LOOP,
+    LOG_NAME,
+    SESSION_PREFIX,
+    config_path,
+    hook_command,
+    notify_argv,
+)
 
-# Library modules are imported inside the commands, not here: every CLI run (``--help``
-# too) imports this module (start-up time).
+# Other library modules are imported inside the commands, not here (start-up time);
+# ``agent_hooks.recipes`` imports nothing but the standard library and the errors.
 
 
 @click.group()

@@ -15,9 +15,10 @@ from ..errors import UsageError
 from .render import Frame, banner, command, cp_url, dumps, e, q, s_url, short
 
 if TYPE_CHECKING:
+    from ..rewind import RewindResult
     from ..session import Session
 
-__all__ = ["confirm_body", "done_banner", "parse_value"]
+__all__ = ["confirm_body", "done_banner", "hooks_params", "parse_value"]
 
 MAX_LISTED = 15
 _MODES = {"both": "files and state", "files": "files only", "state": "state only"}
@@ -123,6 +124,35 @@ def parse_value(text: str) -> object:
         return text
 
 
+def hooks_params(result: RewindResult | None) -> dict[str, str]:
+    """For the redirect after a restore: where stashpoint's agent hooks were merged back
+    (``kept``), and the commands that install them again where they could not be
+    (``reinstall``)."""
+    if result is None:
+        return {}
+    return {"kept": ",".join(result.kept_hooks), "reinstall": ",".join(result.reinstall_hooks)}
+
+
+def _hooks_note(params: Mapping[str, str]) -> str:
+    """What a restore did to stashpoint's hooks in the agent's settings files, if anything: the
+    files are the checkpoint's, with the hooks merged back so the agent stays checkpointed."""
+    kept = [p for p in params.get("kept", "").split(",") if p]
+    reinstall = [c for c in params.get("reinstall", "").split(",") if c]
+    note = ""
+    if kept:
+        files = ", ".join(f"<code>{e(p)}</code>" for p in kept)
+        note += (
+            f" Kept stashpoint's hooks in {files}: the checkpoint's settings file, with the "
+            "hooks merged back, so the agent is still checkpointed."
+        )
+    for again in reinstall:
+        note += (
+            " <b>stashpoint's hooks could not be merged back</b> into the restored settings "
+            f"file: the agent is not checkpointed until you run <code>{e(again)}</code>."
+        )
+    return note
+
+
 def done_banner(name: str, params: Mapping[str, str]) -> str:
     """The banner after an action, from the redirect's parameters (escaped: a link could be
     crafted, but only with the token, and it would only show text)."""
@@ -135,14 +165,14 @@ def done_banner(name: str, params: Mapping[str, str]) -> str:
             "Rewound to this checkpoint. What was there before is checkpoint "
             f"<a href='{e(cp_url(name, safety))}'><code>{short(safety)}</code></a>: "
             f"<a href='{e(undo)}'>"
-            "restore it to undo</a>.",
+            "restore it to undo</a>." + _hooks_note(params),
             command("stashpoint", "--session", name, "rewind", safety),
         )
     if done == "forked":
         into = params.get("into")
         where = f" into <code>{e(into)}</code>" if into else ""
         return banner(
-            f"Forked branch <b>{e(params.get('branch', ''))}</b>{where}.",
+            f"Forked branch <b>{e(params.get('branch', ''))}</b>{where}." + _hooks_note(params),
             command("rm", "-r", into) if into else None,
         )
     if done == "labelled":

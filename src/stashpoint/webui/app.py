@@ -196,7 +196,13 @@ def create_app(
         # Where the files may go is the session's rule (the branch's bound directory), the
         # same for every restore: one click never pours them over another directory.
         result = s.rewind(f.get("ref", ""), files=mode != "state", state=mode != "files")
-        done = q(cp_url(name, result.head.id), done="rewound", safety=result.safety.id, mode=mode)
+        done = q(
+            cp_url(name, result.head.id),
+            done="rewound",
+            safety=result.safety.id,
+            mode=mode,
+            **actions.hooks_params(result),
+        )
         return RedirectResponse(done, status_code=303)
 
     def fork_action(request: Request, f: dict[str, str]) -> Response:
@@ -206,7 +212,13 @@ def create_app(
         into = f.get("into") or None
         new = s.fork(target.id, f.get("branch") or None, into=into)
         where = str(Path(into).resolve()) if into else None
-        done = q(s_url(name), done="forked", branch=new.branch, into=where)
+        done = q(
+            s_url(name),
+            done="forked",
+            branch=new.branch,
+            into=where,
+            **actions.hooks_params(new.last_restore),
+        )
         return RedirectResponse(f"{done}#graph", status_code=303)
 
     def label_action(request: Request, f: dict[str, str]) -> Response:
