@@ -126,3 +126,29 @@ def test_prerendered_help_is_what_click_prints(columns: str, tmp_path: Path) -> 
         cwd=tmp_path,
     )
     assert probe.stderr.strip() == str(int(columns) < 80)  # click imported only when narrow
+
+
+def test_the_console_entry_freezes_the_gc_before_the_interpreter_shuts_down(
+    tmp_path: Path,
+) -> None:
+    """The process ends after the command: its objects (a stat cache entry per file of a
+    snapshot) are frozen so that the shutdown's collections skip them. ``cli.main`` itself,
+    which a longer-lived process may call, leaves the collector as it was."""
+    probe = (
+        "import atexit, gc, sys\n"
+        "atexit.register(lambda: print('frozen', gc.get_freeze_count() > 0))\n"
+        "sys.argv = ['stashpoint', '--version']\n"
+        "from stashpoint.__main__ import main; main()\n"
+    )
+    env = {**os.environ, "STASHPOINT_NO_DAEMON": "1"}
+    proc = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, env=env, cwd=tmp_path
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.splitlines()[-1] == "frozen True"
+    direct = probe.replace("stashpoint.__main__ import", "stashpoint.cli import")
+    proc = subprocess.run(
+        [sys.executable, "-c", direct], capture_output=True, text=True, env=env, cwd=tmp_path
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.splitlines()[-1] == "frozen False"

@@ -36,9 +36,28 @@ def main() -> None:
     code = run_if_served(sys.argv[1:])
     if code is not None:
         sys.exit(code)
+    _run_cli()
+
+
+def _run_cli() -> None:
+    """The CLI in this process, which ends when it returns (or raises).
+
+    Then every object still tracked is frozen, so that the interpreter's shutdown, which
+    collects garbage over all of them more than once, has none to look at: after a first
+    snapshot of 50k files (a stat cache entry per file, kept for reuse) the shutdown took
+    45-65 ms, 13-19 ms frozen (a busy 2-core machine), of a command that had already done
+    its work. Objects are still freed by reference counting and atexit handlers (pending stat
+    cache writes) run as before; only a reference cycle that was garbage already is left to
+    the process's end, which frees everything anyway. Never for the CLI run in a longer-lived
+    process (tests, an agent calling ``cli.main``): only this entry point freezes."""
     from stashpoint.cli import main as cli_main
 
-    cli_main()
+    try:
+        cli_main()
+    finally:
+        import gc
+
+        gc.freeze()
 
 
 def launch(package_dir: str) -> None:
@@ -59,9 +78,7 @@ def launch(package_dir: str) -> None:
         import site
 
         site.main()
-    from stashpoint.cli import main as cli_main
-
-    cli_main()
+    _run_cli()
 
 
 if __name__ == "__main__":

@@ -30,6 +30,14 @@ class _DelayedBar:
         self._start = time.monotonic()
         return self
 
+    @property
+    def callback(self) -> Any:
+        """This bar to hand to the library as its progress function, or None when it never
+        draws (not a terminal, or --json): a scan then makes no call per file for nothing
+        (50k calls of a first snapshot of 50k files, off the scanning thread's critical
+        path)."""
+        return self if self.enabled else None
+
     def _columns(self) -> list[Any]:
         raise NotImplementedError
 

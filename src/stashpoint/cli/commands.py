@@ -175,7 +175,7 @@ def snap(
             message=message,
             label=label,
             kind=kind,
-            progress=progress,
+            progress=progress.callback,
             skip_unchanged=if_changed,
             artifacts=artifacts or None,
         )

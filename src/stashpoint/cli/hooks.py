@@ -94,7 +94,7 @@ def _baseline(ctx: Ctx, agent: str) -> Any:
         return session.checkpoint(
             message=f"baseline before {agent} hooks",
             kind="milestone",
-            progress=progress,
+            progress=progress.callback,
             skip_unchanged=True,
         )
 
