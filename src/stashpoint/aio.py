@@ -94,6 +94,7 @@ if TYPE_CHECKING:
     from .durability import Durability
     from .durable import Durable, RunResult
     from .model import Checkpoint
+    from .rewind import RewindResult
 
 __all__ = [
     "AsyncLease",
@@ -566,6 +567,11 @@ class AsyncSession(DurableDecorators):
     @property
     def branch(self) -> str:
         return self.sync.branch
+
+    @property
+    def last_restore(self) -> RewindResult | None:
+        """What this session's latest restore did (a rewind, a fork, one finished on open)."""
+        return self.sync.last_restore
 
     async def _call(self, fn: Callable[P, T], /, *args: P.args, **kwargs: P.kwargs) -> T:
         if self.store._closed:

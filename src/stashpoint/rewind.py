@@ -350,7 +350,7 @@ def _finish_rewind(
         self.store.meta.set_meta(key, None)
     result = RewindResult(target, safety or head, head, stats)
     result.kept_hooks, result.reinstall_hooks = kept
-    self.last_restore = result
+    self._last_restore = result
     return result
 
 
@@ -767,8 +767,12 @@ def trial(self: Session, ref: str | Checkpoint | None = None) -> Trial:
 class Restoring:
     """The methods above, as :class:`~stashpoint.Session` has them."""
 
-    last_restore: RewindResult | None = None
-    """What this session's latest restore did (a rewind, a fork, one finished on open)."""
+    _last_restore: RewindResult | None = None
+
+    @property
+    def last_restore(self) -> RewindResult | None:
+        """What this session's latest restore did (a rewind, a fork, one finished on open)."""
+        return self._last_restore
 
     _restoring = _restoring
     _journal_key = _journal_key
