@@ -934,3 +934,31 @@ def test_ids_a_file_store_cannot_hold_are_refused_before_writing(
         import_bundle(store, b, as_session="renamed")
         assert store.session("renamed").state()["plan"] == "p"
         assert verify_store(store).ok
+
+
+def test_export_does_not_replace_a_file_made_while_it_writes(sp: Sp, tmp_path: Path) -> None:
+    """The look for an existing file comes before the bundle is written; a file another
+    process makes at the path in between is refused like one that was there (not replaced
+    unasked), and nothing is left behind."""
+    import subprocess
+    import sys
+
+    ws = tmp_path / "ws"
+    write(ws / "a.txt", "x\n")
+    sp("snap", "-m", "one", cwd=ws)
+    dest = tmp_path / "run.spb"
+    made: list[bool] = []
+
+    def someone_else(_done: int, _total: int) -> None:
+        if not made:  # another process writes the file while the export runs
+            script = "import sys; open(sys.argv[1], 'x').write('theirs\\n')"
+            subprocess.run([sys.executable, "-c", script, str(dest)], check=True)
+            made.append(True)
+
+    with (
+        stashpoint.open(ws / ".stashpoint") as store,
+        pytest.raises(UsageError, match="exists; choose another name or pass --overwrite"),
+    ):
+        export_bundle(store, dest, session="main", progress=someone_else)
+    assert made and dest.read_text() == "theirs\n"
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # no temp file left

@@ -16,7 +16,7 @@ from typing import Any, BinaryIO
 import msgspec
 import zstandard
 
-from .._fsutil import TMP_MARK, fsync_dir
+from .._fsutil import atomic_file
 from .._store import Store
 from ..blobs.objects import BlobCodec, Blobs
 from ..errors import IntegrityError, NotFoundError, StashpointWarning, UsageError
@@ -106,21 +106,14 @@ def export_bundle(
     ex = _Exporter(store, session, progress)
     rows = ex.select(checkpoint)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.parent / f"{TMP_MARK}{path.name}.{os.getpid()}"
-    try:
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
-        with os.fdopen(fd, "wb", buffering=1 << 20) as f:
+    try:  # a file made at ``path`` since the look above is not replaced unasked either
+        with (
+            atomic_file(path, replace=overwrite) as fd,
+            os.fdopen(os.dup(fd), "wb", buffering=1 << 20) as f,
+        ):
             digest = ex.write(f, rows, checkpoint)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
-    fsync_dir(path.parent)
+    except FileExistsError:
+        raise UsageError(f"{path} exists; choose another name or pass --overwrite") from None
     m = ex.contents.manifest
     assert m is not None
     return ExportReport(
