@@ -115,12 +115,9 @@ def test_a_rewind_into_a_full_disk_names_the_file_it_could_not_write(
     assert (ws / "big.bin").stat().st_size == 1 << 20
 
 
-def test_finishing_an_interrupted_rewind_keeps_the_work_done_meanwhile(
-    sp: Any, tmp_path: Path, tiny_fs: Path
-) -> None:
-    """A rewind the disk stopped halfway is finished by the next command. Files written
-    after it stopped (the user kept working) are in neither its target nor its safety
-    checkpoint: they are recorded first, never silently overwritten or deleted."""
+def _small_then_big(sp: Any, tmp_path: Path, tiny_fs: Path) -> tuple[Path, list[str], str]:
+    """A workspace on the tiny file system with two checkpoints, rewound to the small one:
+    (workspace, the --store arguments, the big checkpoint's id)."""
     ws = tiny_fs / "ws"
     ws.mkdir()
     store = ["--store", str(tmp_path / "st")]
@@ -129,8 +126,18 @@ def test_finishing_an_interrupted_rewind_keeps_the_work_done_meanwhile(
     (ws / "big.bin").write_bytes(os.urandom(1 << 20))
     big = json.loads(sp(*store, "snap", "-m", "big", "--json", cwd=ws).out)
     sp(*store, "rewind", small["id"], cwd=ws)
+    return ws, store, str(big["id"])
+
+
+def test_finishing_an_interrupted_rewind_keeps_the_work_done_meanwhile(
+    sp: Any, tmp_path: Path, tiny_fs: Path
+) -> None:
+    """A rewind the disk stopped halfway is finished by the next command. Files written
+    after it stopped (the user kept working) are in neither its target nor its safety
+    checkpoint: they are recorded first, never silently overwritten or deleted."""
+    ws, store, big = _small_then_big(sp, tmp_path, tiny_fs)
     filler = _fill(tiny_fs, 4 << 10)
-    res = sp(*store, "rewind", big["id"], cwd=ws, check=False)
+    res = sp(*store, "rewind", big, cwd=ws, check=False)
     assert res.code == 1 and "restore failed at big.bin" in res.err, res.err
     (ws / "notes.txt").write_text("work\n")  # the user goes on working
     (ws / "app.py").write_text("v2\n")
@@ -148,17 +155,10 @@ def test_finishing_an_interrupted_rewind_keeps_the_work_done_meanwhile(
 def test_finishing_an_interrupted_rewind_without_new_work_records_nothing_more(
     sp: Any, tmp_path: Path, tiny_fs: Path
 ) -> None:
-    ws = tiny_fs / "ws"
-    ws.mkdir()
-    store = ["--store", str(tmp_path / "st")]
-    (ws / "app.py").write_text("v1\n")
-    small = json.loads(sp(*store, "snap", "-m", "small", "--json", cwd=ws).out)
-    (ws / "big.bin").write_bytes(os.urandom(1 << 20))
-    big = json.loads(sp(*store, "snap", "-m", "big", "--json", cwd=ws).out)
-    sp(*store, "rewind", small["id"], cwd=ws)
+    ws, store, big = _small_then_big(sp, tmp_path, tiny_fs)
     before = json.loads(sp(*store, "log", "--json", cwd=ws).out)
     filler = _fill(tiny_fs, 4 << 10)
-    assert sp(*store, "rewind", big["id"], cwd=ws, check=False).code == 1
+    assert sp(*store, "rewind", big, cwd=ws, check=False).code == 1
     filler.unlink()
     done = sp(*store, "log", "--json", cwd=ws)
     assert "changed since" not in done.err, done.err
