@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import subprocess
 import sys
-import uuid
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -23,7 +21,7 @@ from stashpoint.stores.base import MetadataStore
 from stashpoint.stores.forwarding import ForwardingStore
 from stashpoint.stores.sqlite import SqliteStore
 
-from .test_postgres import BASE_URL, _server_or_skip
+from .test_postgres import pg_url  # noqa: F401  # the fixture: a fresh schema per test
 
 KEY = bytes(range(32))
 """An integrity key: a keyed store's head MACs are made with its id."""
@@ -86,21 +84,7 @@ def test_a_store_opened_by_two_processes_at_once_keeps_one_id(tmp_path: Path) ->
         assert store.session("mine").state() == {"by": "this process"}
 
 
-@pytest.fixture
-def pg_url() -> Iterator[str]:
-    _server_or_skip()
-    import psycopg
-
-    schema = "sp_" + uuid.uuid4().hex[:12]
-    with psycopg.connect(BASE_URL, autocommit=True) as db:
-        db.execute(f"CREATE SCHEMA {schema}")
-    sep = "&" if "?" in BASE_URL else "?"
-    yield f"{BASE_URL}{sep}options=-csearch_path%3D{schema}"
-    with psycopg.connect(BASE_URL, autocommit=True) as db:
-        db.execute(f"DROP SCHEMA {schema} CASCADE")
-
-
-def test_an_empty_shared_store_is_encrypted_under_one_key(pg_url: str) -> None:
+def test_an_empty_shared_store_is_encrypted_under_one_key(pg_url: str) -> None:  # noqa: F811
     """A store without local blobs has no lock to hold it alone while it is marked encrypted:
     the second process to mark it replaced the first one's key id, and everything the first
     one had written became unreadable with its own key. The second one is refused instead."""
