@@ -529,3 +529,25 @@ def test_a_directory_put_where_a_file_is_being_restored_is_left_in_place(
     assert (ws / "f.txt" / "theirs").read_text() == "keep me\n"
     assert [p.name for p in ws.iterdir()] == ["f.txt"]  # no temp file left
     assert len(calls) == 2
+
+
+def test_a_snapshot_names_what_it_left_out_and_points_at_its_caller(
+    tmp_path: Path, store: stashpoint.Store
+) -> None:
+    """A FIFO (or socket, device) is no file to snapshot: it is left out, and the warning
+    names it and is attributed to the line that asked for the checkpoint."""
+    import warnings
+
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    (ws / "a.txt").write_text("a\n")
+    os.mkfifo(ws / "pipe")
+    run = store.session("s", workspace=ws)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        cp = run.checkpoint()
+    [w] = [w for w in caught if "left out" in str(w.message)]
+    assert "left out 1 path(s) that are neither file, directory nor symlink" in str(w.message)
+    assert "pipe" in str(w.message)
+    assert w.filename == __file__
+    assert cp.workspace is not None and cp.workspace.files == 1

@@ -129,6 +129,15 @@ def _deps(packages: Iterable[str]) -> dict[str, str]:
     return out
 
 
+def _warn_left_out(paths: list[str], what: str) -> None:
+    """Say which paths a snapshot left out (the first five), once per snapshot."""
+    if paths:
+        shown = ", ".join(paths[:5]) + (" …" if len(paths) > 5 else "")
+        warnings.warn(
+            f"left out {len(paths)} " + what.format(shown), StashpointWarning, stacklevel=4
+        )
+
+
 class Session(Reading, Binding, KnownConversation, Restoring, Editing, DurableMethods, LeaseHolder):
     """Checkpoints of one agent run.
 
@@ -353,22 +362,16 @@ class Session(Reading, Binding, KnownConversation, Restoring, Editing, DurableMe
                 self._check_snapshot_here()
             result, ws_rows = self.workspace.scan(progress=progress)
             ws_ref = WorkspaceRef(str(self.root), result.tree.hex(), result.files, result.bytes)
-            if result.skipped:
-                shown = ", ".join(result.skipped[:5]) + (" …" if len(result.skipped) > 5 else "")
-                warnings.warn(
-                    f"left out {len(result.skipped)} path(s) that are neither file, directory "
-                    f"nor symlink (sockets, FIFOs, devices): {shown}",
-                    StashpointWarning,
-                    stacklevel=3,
-                )
-            if result.mounts:
-                shown = ", ".join(result.mounts[:5]) + (" …" if len(result.mounts) > 5 else "")
-                warnings.warn(
-                    f"left out {len(result.mounts)} mount point(s), another filesystem mounted "
-                    f"in the workspace: {shown}; a rewind leaves them as they are",
-                    StashpointWarning,
-                    stacklevel=3,
-                )
+            _warn_left_out(
+                result.skipped,
+                "path(s) that are neither file, directory nor symlink (sockets, FIFOs, "
+                "devices): {}",
+            )
+            _warn_left_out(
+                result.mounts,
+                "mount point(s), another filesystem mounted in the workspace: {}; a rewind "
+                "leaves them as they are",
+            )
             head = self.head
             if (
                 skip_unchanged
