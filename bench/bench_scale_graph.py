@@ -73,36 +73,14 @@ KINDS = ("stashpoint", "langgraph", "stashpoint+files")
 def build_graph(saver: Any, answers: list[str], files: dict[Path, bytes] | None) -> Any:
     """The graph both savers run: plan (turn + 1, and with ``files`` one file rewritten),
     then reply (one AIMessage). ``answers[t]`` is the reply of turn ``t``."""
-    from typing import Annotated, TypedDict
-
-    from langchain_core.messages import AIMessage, AnyMessage
-    from langgraph.graph import END, START, StateGraph
-    from langgraph.graph.message import add_messages
-
     from bench_scale import _touch
+    from stashpoint.testing.graphs import chat_graph
 
-    # The functional form: this module's annotations are strings, which LangGraph would
-    # resolve in the module's globals, where these names are not (imported here, lazily).
-    State = TypedDict(  # noqa: UP013
-        "State", {"messages": Annotated[list[AnyMessage], add_messages], "turn": int}
-    )
-
-    def plan(state: Any) -> dict[str, Any]:
-        turn = state.get("turn", 0) + 1
+    def touch(turn: int) -> None:
         if files is not None:
             _touch(files, turn, "graph")
-        return {"turn": turn}
 
-    def reply(state: Any) -> dict[str, Any]:
-        return {"messages": [AIMessage(content=answers[state["turn"] - 1])]}
-
-    g = StateGraph(State)
-    g.add_node("plan", plan)
-    g.add_node("reply", reply)
-    g.add_edge(START, "plan")
-    g.add_edge("plan", "reply")
-    g.add_edge("reply", END)
-    return g.compile(checkpointer=saver)
+    return chat_graph(saver, lambda turn: answers[turn - 1], on_plan=touch)
 
 
 def _turns_text(turns: int, seed: int) -> tuple[list[str], list[str]]:

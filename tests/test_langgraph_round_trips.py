@@ -11,36 +11,19 @@ from the store was one more query per turn, for bytes the saver had just sent.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Any, TypedDict
+from typing import Any
 
 import pytest
-from langchain_core.messages import AIMessage, AnyMessage, HumanMessage
-from langgraph.graph import END, START, StateGraph, add_messages
+from langchain_core.messages import HumanMessage
 
 from stashpoint.integrations.langgraph import StashpointSaver
+from stashpoint.testing.graphs import chat_graph
 
 from .test_postgres import pg_url  # noqa: F401 - fixture
 
 
-class _State(TypedDict):
-    messages: Annotated[list[AnyMessage], add_messages]
-    turn: int
-
-
 def _graph(saver: StashpointSaver) -> Any:
-    def plan(state: _State) -> dict[str, Any]:
-        return {"turn": state.get("turn", 0) + 1}
-
-    def reply(state: _State) -> dict[str, Any]:
-        return {"messages": [AIMessage(content=f"answer {state['turn']}")]}
-
-    g = StateGraph(_State)
-    g.add_node("plan", plan)
-    g.add_node("reply", reply)
-    g.add_edge(START, "plan")
-    g.add_edge("plan", "reply")
-    g.add_edge("reply", END)
-    return g.compile(checkpointer=saver)
+    return chat_graph(saver)
 
 
 @pytest.fixture(params=["sqlite", "postgres"])
