@@ -75,6 +75,18 @@ snapshot_tree = tree_of
 """Everything under a workspace but the store: path -> (type, mode, content or link target)."""
 
 
+def assert_restores_from_empty(run: stashpoint.Session, cp_id: str, ws: Path) -> None:
+    """``cp_id`` (just taken of ``ws``) puts back exactly what ``ws`` holds now, into the
+    workspace emptied: every file is read back from the store, none left where it was."""
+    import shutil
+
+    before = snapshot_tree(ws)
+    shutil.rmtree(ws)
+    ws.mkdir()
+    run.rewind(cp_id)
+    assert snapshot_tree(ws) == before
+
+
 def stop_watch_daemon(pid: int, marker: Path) -> None:
     """SIGTERM the watch daemon ``pid`` a test started, if it still runs: only when that pid
     is still a watch daemon whose command line names ``marker`` (the test's directory), never

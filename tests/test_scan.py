@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import gc
 import random
-import shutil
 from pathlib import Path
 from typing import Any
 
@@ -13,7 +12,7 @@ import pytest
 
 import stashpoint
 
-from .conftest import snapshot_tree
+from .conftest import assert_restores_from_empty
 
 
 def _workspace(root: Path, files: int = 30) -> Path:
@@ -89,11 +88,7 @@ def test_a_large_first_snapshot_records_its_blob_rows_with_the_checkpoint(
     assert store.home is not None
     assert len(list((store.home / "blobs" / "packs").glob("*.pack"))) >= 2
     assert verify_store(store).ok
-    before = snapshot_tree(ws)
-    shutil.rmtree(ws)
-    ws.mkdir()
-    run.rewind(cp.id)
-    assert snapshot_tree(ws) == before
+    assert_restores_from_empty(run, cp.id, ws)
 
 
 def test_a_large_files_digests_are_those_of_its_content(

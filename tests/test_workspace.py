@@ -19,7 +19,7 @@ from stashpoint.stores.base import BlobRow
 from stashpoint.workspace.scan import encode_tree
 from stashpoint.workspace.statcache import WHOLE_SECOND_RACY_WINDOW_NS
 
-from .conftest import snapshot_tree
+from .conftest import assert_restores_from_empty, snapshot_tree
 
 
 def _paths(store: stashpoint.Store, cp: stashpoint.Checkpoint) -> set[str]:
@@ -286,11 +286,7 @@ def test_a_snapshot_larger_than_a_flush_streams_through_packs_written_alongside(
     packs = list((store.home / "blobs" / "packs").glob("*.pack"))
     assert len(packs) >= 2
     assert verify_store(store).ok
-    before = snapshot_tree(ws)
-    shutil.rmtree(ws)
-    ws.mkdir()
-    run.rewind(cp.id)
-    assert snapshot_tree(ws) == before
+    assert_restores_from_empty(run, cp.id, ws)
 
 
 @pytest.mark.parametrize("kind", ["sqlite", "sqlite-url", "file"])
